@@ -1,0 +1,1 @@
+fn main() { eprintln!("colibrid: not built yet"); std::process::exit(2); }

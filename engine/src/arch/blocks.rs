@@ -1,0 +1,212 @@
+//! Blocks shared by the model families, written once: RMSNorm, rotary embeddings, the SiLU
+//! MLP, softmax, and the weight-loading helpers that check shapes against the config.
+
+use crate::container::Checkpoint;
+use crate::error::Result;
+use crate::tensor::{Linear, Matrix};
+
+/// RMSNorm: `x / sqrt(mean(x²) + eps) * weight`, the sum of squares accumulated in f64 so
+/// the result sits as close to the exact value as torch's reduction does.
+#[derive(Clone, Debug)]
+pub struct RmsNorm {
+    pub weight: Vec<f32>,
+    pub eps: f32,
+}
+
+impl RmsNorm {
+    pub fn width(&self) -> usize {
+        self.weight.len()
+    }
+
+    /// Normalises one vector of `width()` floats in place.
+    pub fn apply(&self, x: &mut [f32]) {
+        let ss: f64 = x.iter().map(|v| (*v as f64) * (*v as f64)).sum();
+        let mean = (ss / x.len() as f64) as f32;
+        let r = 1.0 / (mean + self.eps).sqrt();
+        for (v, w) in x.iter_mut().zip(&self.weight) {
+            *v = *w * (*v * r);
+        }
+    }
+
+    /// Normalises every `width()`-float chunk of `x` in place (rows, or heads within rows).
+    pub fn apply_chunks(&self, x: &mut [f32]) {
+        for c in x.chunks_mut(self.width()) {
+            self.apply(c);
+        }
+    }
+
+    /// A normalised copy of `n` rows.
+    pub fn forward(&self, x: &[f32]) -> Vec<f32> {
+        let mut out = x.to_vec();
+        self.apply_chunks(&mut out);
+        out
+    }
+}
+
+/// How the rotary dimensions of a head are paired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeLayout {
+    /// Element i pairs with i + d/2 (`rotate_half`, Llama/OLMoE/Qwen/Mixtral).
+    HalfSplit,
+    /// Element 2i pairs with 2i + 1 (GPT-J style).
+    Interleaved,
+}
+
+/// Rotary position embedding over the first `rotary_dim` dimensions of each head.
+#[derive(Clone, Debug)]
+pub struct Rope {
+    /// Per pair frequency, `rotary_dim / 2` values.
+    pub inv_freq: Vec<f32>,
+    pub rotary_dim: usize,
+    pub layout: RopeLayout,
+    /// Multiplies cos and sin (YaRN's attention factor; 1 otherwise).
+    pub attention_scaling: f32,
+}
+
+impl Rope {
+    /// Plain RoPE: `inv_freq[i] = theta^(-2i/dim)`, computed in f32 as transformers does.
+    pub fn new(theta: f64, rotary_dim: usize, layout: RopeLayout) -> Rope {
+        let inv_freq = (0..rotary_dim / 2)
+            .map(|i| {
+                let exponent = (2 * i) as f32 / rotary_dim as f32;
+                1.0f32 / (theta as f32).powf(exponent)
+            })
+            .collect();
+        Rope {
+            inv_freq,
+            rotary_dim,
+            layout,
+            attention_scaling: 1.0,
+        }
+    }
+
+    /// Rotates every head (`head_dim` floats each) of one position's vector `x` in place.
+    pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize) {
+        let half = self.rotary_dim / 2;
+        // cos/sin once per position; torch computes the angle as f32(inv_freq * pos).
+        let (mut cos, mut sin) = (vec![0f32; half], vec![0f32; half]);
+        for i in 0..half {
+            let a = self.inv_freq[i] * pos as f32;
+            cos[i] = a.cos() * self.attention_scaling;
+            sin[i] = a.sin() * self.attention_scaling;
+        }
+        for h in x.chunks_mut(head_dim) {
+            match self.layout {
+                RopeLayout::HalfSplit => {
+                    for i in 0..half {
+                        let (a, b) = (h[i], h[i + half]);
+                        h[i] = a * cos[i] - b * sin[i];
+                        h[i + half] = b * cos[i] + a * sin[i];
+                    }
+                }
+                RopeLayout::Interleaved => {
+                    for i in 0..half {
+                        let (a, b) = (h[2 * i], h[2 * i + 1]);
+                        h[2 * i] = a * cos[i] - b * sin[i];
+                        h[2 * i + 1] = b * cos[i] + a * sin[i];
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// In-place softmax (max-subtracted, f32 like torch's `softmax(dtype=float32)`).
+pub fn softmax(x: &mut [f32]) {
+    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut s = 0f32;
+    for v in x.iter_mut() {
+        *v = (*v - m).exp();
+        s += *v;
+    }
+    for v in x.iter_mut() {
+        *v /= s;
+    }
+}
+
+/// The gated SiLU MLP: `down(silu(gate(x)) * up(x))`. Used for dense layers, routed experts
+/// and shared experts alike.
+#[derive(Clone, Debug)]
+pub struct Mlp {
+    pub gate: Matrix,
+    pub up: Matrix,
+    pub down: Matrix,
+}
+
+impl Mlp {
+    pub fn intermediate(&self) -> usize {
+        self.gate.rows
+    }
+
+    /// `n` rows of `hidden` floats in, `n` rows out.
+    pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
+        let inter = self.gate.rows;
+        let mut g = vec![0f32; n * inter];
+        let mut u = vec![0f32; n * inter];
+        self.gate.matmul(x, n, &mut g);
+        self.up.matmul(x, n, &mut u);
+        for (gv, uv) in g.iter_mut().zip(&u) {
+            *gv = silu(*gv) * *uv;
+        }
+        let mut out = vec![0f32; n * self.down.rows];
+        self.down.matmul(&g, n, &mut out);
+        out
+    }
+
+    pub fn size_bytes(&self) -> usize {
+        self.gate.size_bytes() + self.up.size_bytes() + self.down.size_bytes()
+    }
+}
+
+/// Loads weights by name from a checkpoint, checking each shape against the config and
+/// naming the family in a missing-tensor error.
+pub struct Loader<'a> {
+    pub ckpt: &'a Checkpoint,
+    pub family: &'static str,
+}
+
+impl<'a> Loader<'a> {
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        Matrix::from_tensor(self.ckpt.require(name, self.family)?, rows, cols)
+    }
+
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let t = self.ckpt.require(name, self.family)?;
+        t.expect_shape(&[len])?;
+        t.to_f32_vec()
+    }
+
+    pub fn norm(&self, name: &str, width: usize, eps: f32) -> Result<RmsNorm> {
+        Ok(RmsNorm {
+            weight: self.vector(name, width)?,
+            eps,
+        })
+    }
+
+    /// `{prefix}.weight` `[out, in]` and, when `bias`, `{prefix}.bias` `[out]`.
+    pub fn linear(&self, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
+        Ok(Linear {
+            weight: self.matrix(&format!("{prefix}.weight"), out, inp)?,
+            bias: if bias {
+                Some(self.vector(&format!("{prefix}.bias"), out)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// A gated MLP whose three projections are `{prefix}.{gate|up|down}.weight`.
+    pub fn mlp(&self, prefix: &str, names: [&str; 3], hidden: usize, inter: usize) -> Result<Mlp> {
+        let [g, u, d] = names;
+        Ok(Mlp {
+            gate: self.matrix(&format!("{prefix}.{g}.weight"), inter, hidden)?,
+            up: self.matrix(&format!("{prefix}.{u}.weight"), inter, hidden)?,
+            down: self.matrix(&format!("{prefix}.{d}.weight"), hidden, inter)?,
+        })
+    }
+}

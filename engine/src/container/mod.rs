@@ -1,0 +1,242 @@
+//! Opening model directories: Hugging Face checkpoints as published on the Hub (config.json,
+//! one or many `*.safetensors` with `model.safetensors.index.json`, tokenizer files).
+//!
+//! Every byte read from disk is untrusted. The safetensors header and the shard index are
+//! parsed by the pure functions [`parse_safetensors_header`] and [`parse_index`] (the fuzz
+//! targets call them directly); a bad file is a typed error naming the file and tensor.
+
+mod safetensors_file;
+
+pub use safetensors_file::{parse_index, parse_safetensors_header, DType, HeaderEntry, ParsedHeader};
+
+use crate::error::{Error, Result};
+use memmap2::Mmap;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// One memory-mapped safetensors file, validated.
+pub struct MappedFile {
+    pub path: PathBuf,
+    mmap: Mmap,
+    /// The `__metadata__` map of the header (format versions, quantisation records).
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl MappedFile {
+    pub fn bytes(&self) -> &[u8] {
+        &self.mmap
+    }
+}
+
+impl std::fmt::Debug for MappedFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedFile").field("path", &self.path).finish()
+    }
+}
+
+/// A tensor inside a mapped file: dtype, shape and the absolute byte range, already checked
+/// to lie inside the file and to match `shape × dtype size`.
+#[derive(Clone, Debug)]
+pub struct TensorRef {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub file: Arc<MappedFile>,
+    pub start: usize,
+    pub end: usize,
+}
+
+impl TensorRef {
+    pub fn bytes(&self) -> &[u8] {
+        &self.file.bytes()[self.start..self.end]
+    }
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    pub fn bad(&self, msg: impl Into<String>) -> Error {
+        Error::BadTensor {
+            file: self.file.path.clone(),
+            tensor: self.name.clone(),
+            msg: msg.into(),
+        }
+    }
+    /// Checks the shape (and that the dtype is one the dense f32 path can read).
+    pub fn expect_shape(&self, shape: &[usize]) -> Result<()> {
+        if self.shape != shape {
+            return Err(self.bad(format!(
+                "shape {:?} does not match the configuration, which needs {:?}",
+                self.shape, shape
+            )));
+        }
+        Ok(())
+    }
+    /// The tensor converted to f32 (for small vectors: norms, biases, router bias).
+    pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
+        let b = self.bytes();
+        Ok(match self.dtype {
+            DType::F32 => b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            DType::BF16 => b
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            DType::F16 => b
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(self.bad(format!(
+                    "dtype {other:?} where f32, bf16 or f16 is needed"
+                )))
+            }
+        })
+    }
+}
+
+/// A model directory: its config and every tensor of every shard, by name.
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    pub config_path: PathBuf,
+    pub config: serde_json::Value,
+    tensors: HashMap<String, TensorRef>,
+}
+
+impl Checkpoint {
+    /// Opens and validates a Hub checkpoint directory. Shards are taken from
+    /// `model.safetensors.index.json` when present, otherwise every `*.safetensors` file.
+    pub fn open(dir: &Path) -> Result<Self> {
+        if !dir.is_dir() {
+            return Err(Error::Config {
+                file: dir.to_path_buf(),
+                msg: "not a directory (expected a model folder with config.json and *.safetensors)".into(),
+            });
+        }
+        let config_path = dir.join("config.json");
+        let config_bytes = std::fs::read(&config_path).map_err(|e| Error::io(&config_path, e))?;
+        let config: serde_json::Value =
+            serde_json::from_slice(&config_bytes).map_err(|e| Error::Config {
+                file: config_path.clone(),
+                msg: format!("invalid JSON: {e}"),
+            })?;
+        if !config.is_object() {
+            return Err(Error::Config {
+                file: config_path,
+                msg: "expected a JSON object".into(),
+            });
+        }
+
+        let index_path = dir.join("model.safetensors.index.json");
+        // (shard file name, tensors the index says it holds)
+        let mut shards: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let indexed = index_path.exists();
+        if indexed {
+            let bytes = std::fs::read(&index_path).map_err(|e| Error::io(&index_path, e))?;
+            let map = parse_index(&bytes, &index_path)?;
+            for (tensor, file) in map {
+                shards.entry(file).or_default().push(tensor);
+            }
+        } else {
+            let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+            for entry in rd {
+                let entry = entry.map_err(|e| Error::io(dir, e))?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.ends_with(".safetensors") {
+                    shards.insert(name, Vec::new());
+                }
+            }
+            if shards.is_empty() {
+                return Err(Error::Config {
+                    file: dir.to_path_buf(),
+                    msg: "no *.safetensors file and no model.safetensors.index.json".into(),
+                });
+            }
+        }
+
+        let mut tensors: HashMap<String, TensorRef> = HashMap::new();
+        for (shard, listed) in &shards {
+            let path = dir.join(shard);
+            let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+            // SAFETY: the map is read-only; a file truncated underneath us by another process
+            // is outside what any mmap-based loader can defend against.
+            let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;
+            let parsed = parse_safetensors_header(&mmap, &path)?;
+            let mapped = Arc::new(MappedFile {
+                path: path.clone(),
+                mmap,
+                metadata: parsed.metadata,
+            });
+            for e in parsed.tensors {
+                if let Some(prev) = tensors.get(&e.name) {
+                    return Err(Error::DuplicateTensor {
+                        tensor: e.name,
+                        first: prev.file.path.clone(),
+                        second: path.clone(),
+                    });
+                }
+                tensors.insert(
+                    e.name.clone(),
+                    TensorRef {
+                        name: e.name,
+                        dtype: e.dtype,
+                        shape: e.shape,
+                        file: mapped.clone(),
+                        start: parsed.data_start + e.start,
+                        end: parsed.data_start + e.end,
+                    },
+                );
+            }
+            for t in listed {
+                match tensors.get(t) {
+                    Some(r) if r.file.path == path => {}
+                    Some(r) => {
+                        return Err(Error::DuplicateTensor {
+                            tensor: t.clone(),
+                            first: r.file.path.clone(),
+                            second: path.clone(),
+                        })
+                    }
+                    None => {
+                        return Err(Error::CorruptFile {
+                            file: index_path.clone(),
+                            msg: format!("the index places tensor '{t}' in {shard}, which does not hold it"),
+                        })
+                    }
+                }
+            }
+        }
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            config_path,
+            config,
+            tensors,
+        })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&TensorRef> {
+        self.tensors.get(name)
+    }
+
+    /// The named tensor, or a `MissingTensor` error naming the family that needs it.
+    pub fn require(&self, name: &str, family: &str) -> Result<&TensorRef> {
+        self.tensors.get(name).ok_or_else(|| Error::MissingTensor {
+            dir: self.dir.clone(),
+            tensor: name.to_string(),
+            family: family.to_string(),
+        })
+    }
+
+    pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(|s| s.as_str())
+    }
+
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+}

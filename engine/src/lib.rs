@@ -1,0 +1,28 @@
+//! colibri's inference engine as a plain library: no async runtime, no gRPC.
+//!
+//! Map (see ARCHITECTURE.md for more):
+//! - [`container`]: opening Hub checkpoint folders; safetensors header/index validation.
+//! - [`tensor`] and [`kernels`]: weight matrices and the dot/matmul kernels over them.
+//! - [`arch`]: one file per model family plus the shared blocks (norms, RoPE, attention, MoE).
+//! - [`kv`]: per-sequence KV caches.
+//! - [`model`]: [`Model`], the loaded network with its text assets; the batched forward.
+//! - [`text`]: tokenizer, chat template, incremental detokenization, stop strings.
+//! - [`sample`]: samplers.
+//! - [`generate`]: the step-by-step generation state machine shared by CLI and daemon.
+
+pub mod arch;
+pub mod container;
+pub mod error;
+pub mod generate;
+pub mod kernels;
+pub mod kv;
+pub mod model;
+pub mod sample;
+pub mod tensor;
+pub mod text;
+
+pub use error::{Error, Result};
+pub use generate::{FinishReason, GenerateRequest, Generation, StepEvent};
+pub use kv::KvCache;
+pub use model::{LogitsWanted, Model, ModelInfo, SeqStep};
+pub use sample::{Sampler, SamplingParams};

@@ -1,0 +1,135 @@
+//! [`Model`]: a loaded network plus its text assets, and the batched forward pass that
+//! serves prefill, decode and the daemon's multi-session steps alike.
+
+use crate::arch::{self, Network};
+use crate::container::Checkpoint;
+use crate::error::{Error, Result};
+use crate::kv::KvCache;
+use crate::text::Text;
+use std::path::{Path, PathBuf};
+
+/// What a caller may want to know about a model without touching its weights.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    pub dir: PathBuf,
+    /// `model_type` from config.json, e.g. "olmoe".
+    pub model_type: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    /// Maximum positions (`max_position_embeddings`).
+    pub max_context: usize,
+    /// Every id that ends a generation: config.json, generation_config.json, tokenizer.
+    pub eos_ids: Vec<u32>,
+    pub bos_id: Option<u32>,
+    /// Bytes of weights the model holds (resident part plus experts).
+    pub weight_bytes: usize,
+}
+
+pub struct Model {
+    pub info: ModelInfo,
+    pub net: Network,
+    /// Tokenizer and chat template; `None` for a folder without tokenizer.json (ids only).
+    pub text: Option<Text>,
+}
+
+/// Which logits a sequence wants back from a forward step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsWanted {
+    None,
+    Last,
+    All,
+}
+
+/// One sequence's share of a batched forward step: feed `tokens` at positions
+/// `cache.len..`, append their keys and values to `cache`.
+pub struct SeqStep<'a> {
+    pub cache: &'a mut KvCache,
+    pub tokens: &'a [u32],
+    pub logits: LogitsWanted,
+}
+
+impl Model {
+    /// Opens a model folder, validates every tensor against the config, loads the tokenizer.
+    pub fn load(dir: &Path) -> Result<Model> {
+        let ckpt = Checkpoint::open(dir)?;
+        let net = arch::build(&ckpt)?;
+        let text = if dir.join("tokenizer.json").exists() {
+            Some(Text::load(dir, &ckpt.config)?)
+        } else {
+            None
+        };
+        let mut eos_ids: Vec<u32> = text.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default();
+        for id in arch::config::id_list(&ckpt.config, "eos_token_id") {
+            if !eos_ids.contains(&id) {
+                eos_ids.push(id);
+            }
+        }
+        let bos_id = arch::config::id_list(&ckpt.config, "bos_token_id").first().copied();
+        let info = ModelInfo {
+            dir: dir.to_path_buf(),
+            model_type: net.model_type.clone(),
+            vocab_size: net.vocab_size,
+            hidden_size: net.hidden_size,
+            num_layers: net.layers.len(),
+            max_context: net.max_context,
+            eos_ids,
+            bos_id,
+            weight_bytes: net.weight_bytes(),
+        };
+        Ok(Model { info, net, text })
+    }
+
+    pub fn new_cache(&self) -> KvCache {
+        self.net.new_cache()
+    }
+
+    /// Checks ids against the vocabulary and the sequence length against the context.
+    pub fn check_tokens(&self, cache_len: usize, tokens: &[u32], field: &str) -> Result<()> {
+        if let Some(bad) = tokens.iter().find(|&&t| t as usize >= self.info.vocab_size) {
+            return Err(Error::invalid(
+                field,
+                format!("token id {bad} is outside the vocabulary of {} ids", self.info.vocab_size),
+            ));
+        }
+        let needed = cache_len + tokens.len();
+        if needed > self.info.max_context {
+            return Err(Error::ContextOverflow {
+                needed,
+                max: self.info.max_context,
+            });
+        }
+        Ok(())
+    }
+
+    /// One batched forward step over several sequences. Returns, per sequence, the logits it
+    /// asked for: `vocab` floats for `Last`, `tokens × vocab` for `All`, nothing for `None`.
+    pub fn forward(&self, batch: &mut [SeqStep<'_>]) -> Result<Vec<Vec<f32>>> {
+        for s in batch.iter() {
+            self.check_tokens(s.cache.len, s.tokens, "tokens")?;
+        }
+        Ok(self.net.forward(batch))
+    }
+
+    /// Convenience: feeds `tokens` to one sequence and returns the last position's logits.
+    pub fn step(&self, cache: &mut KvCache, tokens: &[u32]) -> Result<Vec<f32>> {
+        let mut b = [SeqStep {
+            cache,
+            tokens,
+            logits: LogitsWanted::Last,
+        }];
+        Ok(self.forward(&mut b)?.pop().unwrap_or_default())
+    }
+
+    /// Teacher-forced logits of every position of `tokens` from an empty cache
+    /// (`tokens × vocab`, row-major).
+    pub fn score(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let mut cache = self.new_cache();
+        let mut b = [SeqStep {
+            cache: &mut cache,
+            tokens,
+            logits: LogitsWanted::All,
+        }];
+        Ok(self.forward(&mut b)?.pop().unwrap_or_default())
+    }
+}

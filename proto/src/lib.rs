@@ -1,0 +1,1 @@
+//! colibri.v1 gRPC API (generated code lands here).

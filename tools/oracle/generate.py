@@ -448,6 +448,17 @@ def router_stats(mod, x) -> tuple[float, torch.Tensor]:
             m = ss[:, k - 1] - ss[:, k]
             margin = min(margin, float(m.min()))
         chosen = sc.topk(k, dim=-1).indices
+        # diagnostics: how many tokens would pick a different expert set without the correction
+        # bias, or without the group limit
+        def sel(v):
+            return set(map(tuple, v.topk(k, dim=-1).indices.sort(-1).values.tolist()))
+        base = chosen.sort(-1).values.tolist()
+        nobias = s.view(-1, G, E // G).topk(2, dim=-1).values.sum(-1).topk(mod.topk_group, dim=-1).indices
+        nb_mask = torch.zeros_like(gs).scatter_(1, nobias, 1).bool().unsqueeze(-1).expand(-1, G, E // G)
+        nb = s.masked_fill(~nb_mask.reshape(-1, E), float("-inf")).topk(k, dim=-1).indices.sort(-1).values.tolist()
+        ng = (s + mod.e_score_correction_bias).topk(k, dim=-1).indices.sort(-1).values.tolist()
+        mod._oracle_diag = (sum(a != b for a, b in zip(base, nb)), sum(a != b for a, b in zip(base, ng)),
+                            len(base))
         return margin / MIN_SIGMOID_ROUTER_MARGIN, chosen
     ls = logits.sort(-1, descending=True).values
     margin = float((ls[:, k - 1] - ls[:, k]).min())
@@ -489,6 +500,7 @@ class Probe:
         self.router_margin = math.inf  # normalised: 1.0 == threshold
         self.experts: dict[str, set] = {}
         self.indexer = math.inf
+        self.diag: dict[str, tuple] = {}
         self.handles = []
         for name, mod in model.named_modules():
             if is_router(mod):
@@ -501,6 +513,8 @@ class Probe:
             m, chosen = router_stats(mod, args[0])
             self.router_margin = min(self.router_margin, m)
             self.experts.setdefault(name, set()).update(int(i) for i in chosen.flatten())
+            if hasattr(mod, "_oracle_diag"):
+                self.diag[name] = mod._oracle_diag
         return hook
 
     def _indexer_hook(self, mod, args, out):
@@ -643,6 +657,10 @@ def family_notes(family, config, cfg_json, probe, seed, diff) -> str:
              f"reload via from_pretrained max|diff| {diff:.1e}",
              f"min routing margin {probe.router_margin:.1f}x threshold; distinct experts per MoE layer "
              + str({k.split('.')[2]: len(v) for k, v in probe.experts.items()})]
+    if probe.diag:
+        parts.append("tokens whose expert set would change without e_score_correction_bias / without the "
+                     "group limit, per MoE layer: " + ", ".join(
+                         f"layer {k.split('.')[2]}: {a}/{n} and {b}/{n}" for k, (a, b, n) in probe.diag.items()))
     rope_keys = "legacy rope_theta/rope_scaling" if "rope_parameters" not in cfg_json else "v5 rope_parameters"
     parts.append(f"config uses {rope_keys}")
     if family == "olmoe":

@@ -1,1 +1,81 @@
-//! Shared helpers for the end-to-end tests.
+//! Shared helpers for colibri's oracle and end-to-end tests: fixture discovery and the
+//! transformers reference files (`tests/fixtures/<family>/ref.json`).
+
+use std::path::PathBuf;
+
+/// `tests/fixtures` of this repository.
+pub fn fixtures_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+}
+
+pub fn fixture(family: &str) -> PathBuf {
+    fixtures_dir().join(family)
+}
+
+/// The reference a fixture's generator computed with transformers.
+pub struct Reference {
+    pub prompt_ids: Vec<u32>,
+    pub greedy_ids: Vec<u32>,
+    pub input_ids: Vec<u32>,
+    /// One row of `vocab` logits per position of `input_ids`.
+    pub logits: Vec<Vec<f32>>,
+}
+
+fn ids(v: &serde_json::Value, key: &str) -> Vec<u32> {
+    v[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("ref.json: no '{key}'"))
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
+
+impl Reference {
+    pub fn load(family: &str) -> Reference {
+        let path = fixture(family).join("ref.json");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let v: serde_json::Value = serde_json::from_str(&text).expect("ref.json is JSON");
+        let logits = v["logits"]
+            .as_array()
+            .expect("logits")
+            .iter()
+            .map(|row| {
+                row.as_array()
+                    .expect("logits row")
+                    .iter()
+                    .map(|x| x.as_f64().expect("logit") as f32)
+                    .collect()
+            })
+            .collect();
+        Reference {
+            prompt_ids: ids(&v, "prompt_ids"),
+            greedy_ids: ids(&v, "greedy_ids"),
+            input_ids: ids(&v, "input_ids"),
+            logits,
+        }
+    }
+}
+
+/// Largest absolute difference between two equally long slices.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// (index of the largest value, gap between the two largest values).
+pub fn top2(v: &[f32]) -> (usize, f32) {
+    let mut best = 0;
+    for i in 1..v.len() {
+        if v[i] > v[best] {
+            best = i;
+        }
+    }
+    let second = v
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != best)
+        .map(|(_, x)| *x)
+        .fold(f32::NEG_INFINITY, f32::max);
+    (best, v[best] - second)
+}

@@ -159,6 +159,15 @@ impl Generation {
             }
         }
         if ev.finished.is_some() && ev.finished != Some(FinishReason::Stop) {
+            // Flush text held back for an incomplete character or a possible stop string.
+            if let Some(text) = &model.text {
+                let tail = self.detok.finish(text)?;
+                let (out, stopped) = self.stop.push(&tail);
+                ev.text.push_str(&out);
+                if stopped {
+                    ev.finished = Some(FinishReason::Stop);
+                }
+            }
             ev.text.push_str(&self.stop.finish());
         }
         self.finished = ev.finished;

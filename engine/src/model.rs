@@ -65,7 +65,10 @@ impl Model {
                 eos_ids.push(id);
             }
         }
-        let bos_id = arch::config::id_list(&ckpt.config, "bos_token_id").first().copied();
+        let bos_id = text
+            .as_ref()
+            .and_then(|t| t.bos_id())
+            .or_else(|| arch::config::id_list(&ckpt.config, "bos_token_id").first().copied());
         let info = ModelInfo {
             dir: dir.to_path_buf(),
             model_type: net.model_type.clone(),

@@ -17,7 +17,11 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
     if cfg.bool_or("use_sliding_window", false)? {
         return Err(cfg.err("use_sliding_window = true is not supported for qwen3_moe"));
     }
-    let n_experts = cfg.usize_or("num_experts", 0)?;
+    // The Hub's configs say `num_experts`; transformers 5 saves `num_local_experts`.
+    let n_experts = match cfg.opt_usize("num_experts")? {
+        Some(n) => n,
+        None => cfg.usize_or("num_local_experts", 0)?,
+    };
     let top_k = cfg.usize_or("num_experts_per_tok", 0)?;
     if n_experts > 0 && (top_k == 0 || top_k > n_experts) {
         return Err(cfg.err("num_experts_per_tok must be between 1 and num_experts"));

@@ -78,7 +78,7 @@ impl KvCache {
 /// Leading bytes of a serialized [`KvCache`].
 const KV_MAGIC: &[u8; 8] = b"COLIKV\0\0";
 /// Bumped whenever the byte layout below changes; older snapshots are then refused.
-const KV_FORMAT_VERSION: u32 = 1;
+const KV_FORMAT_VERSION: u32 = 2;
 
 impl KvCache {
     /// Serializes the cache (see [`write_to`](Self::write_to) for the layout).
@@ -91,12 +91,13 @@ impl KvCache {
 
     /// Bytes [`to_bytes`](Self::to_bytes) produces.
     pub fn serialized_len(&self) -> usize {
-        8 + 4 + 4 + 8 + 8 + self.layers.len() * 8 + self.size_bytes()
+        8 + 4 + 4 + 8 + 8 + self.layers.len() * 12 + self.size_bytes()
     }
 
     /// Writes the cache as: magic `COLIKV\0\0`, u32 format version, u32 layer count,
-    /// u64 positions, u64 capacity, per layer (u32 k_width, u32 v_width), then per layer
-    /// its `len × k_width` key floats and `len × v_width` value floats. All little-endian.
+    /// u64 positions, u64 capacity, per layer (u32 k_width, u32 v_width, u32 extra_width),
+    /// then per layer its `len × k_width` key floats, `len × v_width` value floats and
+    /// `len × extra_width` side floats. All little-endian.
     /// Only the first `len` positions are written, so a cache always round-trips exactly.
     pub fn write_to(&self, w: &mut impl std::io::Write) -> std::io::Result<()> {
         w.write_all(KV_MAGIC)?;
@@ -107,10 +108,15 @@ impl KvCache {
         for l in &self.layers {
             w.write_all(&(l.k_width as u32).to_le_bytes())?;
             w.write_all(&(l.v_width as u32).to_le_bytes())?;
+            w.write_all(&(l.extra_width as u32).to_le_bytes())?;
         }
         let mut buf = Vec::with_capacity(1 << 16);
         for l in &self.layers {
-            for part in [&l.k[..self.len * l.k_width], &l.v[..self.len * l.v_width]] {
+            for part in [
+                &l.k[..self.len * l.k_width],
+                &l.v[..self.len * l.v_width],
+                &l.extra[..self.len * l.extra_width],
+            ] {
                 for chunk in part.chunks(1 << 14) {
                     buf.clear();
                     for x in chunk {
@@ -155,7 +161,7 @@ impl KvCache {
         let len = usize::try_from(len).map_err(|_| bad("length does not fit in memory".into()))?;
         let capacity =
             usize::try_from(capacity).map_err(|_| bad("capacity does not fit in memory".into()))?;
-        if n_layers > (bytes.len() - r.pos) / 8 {
+        if n_layers > (bytes.len() - r.pos) / 12 {
             return Err(bad(format!(
                 "{n_layers} layers do not fit in {} bytes",
                 bytes.len()
@@ -166,11 +172,12 @@ impl KvCache {
         for _ in 0..n_layers {
             let k = r.u32().ok_or_else(|| bad("truncated layer table".into()))? as usize;
             let v = r.u32().ok_or_else(|| bad("truncated layer table".into()))? as usize;
-            floats = (k + v)
+            let x = r.u32().ok_or_else(|| bad("truncated layer table".into()))? as usize;
+            floats = (k + v + x)
                 .checked_mul(len)
                 .and_then(|n| n.checked_add(floats))
                 .ok_or_else(|| bad("sizes overflow".into()))?;
-            widths.push((k, v));
+            widths.push((k, v, x));
         }
         let expected = floats
             .checked_mul(4)
@@ -182,14 +189,17 @@ impl KvCache {
             )));
         }
         let mut layers = Vec::with_capacity(n_layers);
-        for &(k_width, v_width) in &widths {
+        for &(k_width, v_width, extra_width) in &widths {
             let k = r.f32s(len * k_width);
             let v = r.f32s(len * v_width);
+            let extra = r.f32s(len * extra_width);
             layers.push(LayerKv {
                 k,
                 v,
                 k_width,
                 v_width,
+                extra,
+                extra_width,
             });
         }
         Ok(KvCache {
@@ -204,11 +214,9 @@ impl KvCache {
     pub fn same_layout(&self, expected: &KvCache) -> bool {
         self.capacity == expected.capacity
             && self.layers.len() == expected.layers.len()
-            && self
-                .layers
-                .iter()
-                .zip(&expected.layers)
-                .all(|(a, b)| a.k_width == b.k_width && a.v_width == b.v_width)
+            && self.layers.iter().zip(&expected.layers).all(|(a, b)| {
+                a.k_width == b.k_width && a.v_width == b.v_width && a.extra_width == b.extra_width
+            })
     }
 }
 

@@ -17,6 +17,7 @@ pub mod generate;
 pub mod kernels;
 pub mod kv;
 pub mod model;
+pub mod quant;
 pub mod sample;
 pub mod tensor;
 pub mod text;

@@ -23,6 +23,12 @@ pub enum Blob {
     Owned(Arc<Vec<u8>>),
 }
 
+impl std::fmt::Debug for Blob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Blob({} bytes)", self.bytes().len())
+    }
+}
+
 impl Blob {
     #[inline]
     pub fn bytes(&self) -> &[u8] {
@@ -33,19 +39,112 @@ impl Blob {
     }
 }
 
-/// Element format of a dense matrix.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Width of the per-group (or per-row) scales of a quantized matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScaleType {
+    F32,
+    F16,
+}
+
+impl ScaleType {
+    pub fn size(self) -> usize {
+        match self {
+            ScaleType::F32 => 4,
+            ScaleType::F16 => 2,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            ScaleType::F32 => "f32",
+            ScaleType::F16 => "f16",
+        }
+    }
+}
+
+/// Storage format of a matrix's elements. The quantized formats are described byte by
+/// byte in docs/FORMAT.md; `group == 0` means one group spanning the whole row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WeightFormat {
     F32,
     BF16,
     F16,
+    /// int8, symmetric, one f32 scale per row.
+    I8Row,
+    /// int4, symmetric, stored as `q + 8` in a nibble, even element in the low nibble;
+    /// one scale per `group` elements of a row.
+    I4 {
+        group: u32,
+        scale: ScaleType,
+    },
+    /// int2: code `c` in 0..4 means `(c - 1.5) * scale`; four codes per byte, laid out per
+    /// 32-element block so one shift+mask yields 8 consecutive elements (docs/FORMAT.md).
+    I2 {
+        group: u32,
+        scale: ScaleType,
+    },
 }
 
 impl WeightFormat {
-    pub fn bytes_per_element(self) -> usize {
+    /// Bytes of one row of `cols` elements (scales not included).
+    pub fn row_bytes(self, cols: usize) -> usize {
         match self {
-            WeightFormat::F32 => 4,
-            WeightFormat::BF16 | WeightFormat::F16 => 2,
+            WeightFormat::F32 => cols * 4,
+            WeightFormat::BF16 | WeightFormat::F16 => cols * 2,
+            WeightFormat::I8Row => cols,
+            WeightFormat::I4 { .. } => cols.div_ceil(2),
+            WeightFormat::I2 { .. } => cols.div_ceil(4),
+        }
+    }
+
+    /// Elements per scale for a row of `cols` elements (`None` for unscaled formats).
+    pub fn group_len(self, cols: usize) -> Option<usize> {
+        match self {
+            WeightFormat::F32 | WeightFormat::BF16 | WeightFormat::F16 => None,
+            WeightFormat::I8Row => Some(cols.max(1)),
+            WeightFormat::I4 { group, .. } | WeightFormat::I2 { group, .. } => {
+                Some(if group == 0 {
+                    cols.max(1)
+                } else {
+                    group as usize
+                })
+            }
+        }
+    }
+
+    /// Scales per row (0 for unscaled formats).
+    pub fn groups_per_row(self, cols: usize) -> usize {
+        self.group_len(cols).map_or(0, |g| cols.div_ceil(g))
+    }
+
+    pub fn scale_type(self) -> Option<ScaleType> {
+        match self {
+            WeightFormat::F32 | WeightFormat::BF16 | WeightFormat::F16 => None,
+            WeightFormat::I8Row => Some(ScaleType::F32),
+            WeightFormat::I4 { scale, .. } | WeightFormat::I2 { scale, .. } => Some(scale),
+        }
+    }
+
+    /// Bytes of the scales of one row.
+    pub fn scale_row_bytes(self, cols: usize) -> usize {
+        self.scale_type()
+            .map_or(0, |s| s.size() * self.groups_per_row(cols))
+    }
+
+    pub fn is_quantized(self) -> bool {
+        self.scale_type().is_some()
+    }
+
+    /// The short name used in container metadata and on the command line.
+    pub fn name(self) -> String {
+        match self {
+            WeightFormat::F32 => "f32".into(),
+            WeightFormat::BF16 => "bf16".into(),
+            WeightFormat::F16 => "f16".into(),
+            WeightFormat::I8Row => "int8".into(),
+            WeightFormat::I4 { group: 0, .. } => "int4-row".into(),
+            WeightFormat::I4 { group, .. } => format!("int4-g{group}"),
+            WeightFormat::I2 { group: 0, .. } => "int2-row".into(),
+            WeightFormat::I2 { group, .. } => format!("int2-g{group}"),
         }
     }
 }
@@ -56,6 +155,11 @@ pub struct Matrix {
     pub cols: usize,
     pub format: WeightFormat,
     pub data: Blob,
+    /// Scales of a quantized format, `rows × groups_per_row` values of its `ScaleType`.
+    pub scales: Option<Blob>,
+    /// Quantize activations to int8 (per 32-element block) and use integer dot products.
+    /// Lossy, so off unless asked for (routed experts only; see docs/FORMAT.md).
+    pub int8_act: bool,
 }
 
 impl std::fmt::Debug for Matrix {
@@ -65,8 +169,29 @@ impl std::fmt::Debug for Matrix {
 }
 
 impl Matrix {
-    /// A `[rows, cols]` tensor of f32/bf16/f16, borrowed from its memory map.
+    /// A `[rows, cols]` weight, borrowed from its memory map: f32/bf16/f16 as stored, or a
+    /// quantized tensor of a converted container (its format and scales attached by the
+    /// container loader, see [`crate::container::QuantAttach`]).
     pub fn from_tensor(t: &TensorRef, rows: usize, cols: usize) -> Result<Matrix> {
+        if let Some(q) = &t.quant {
+            let format = q.format_for(t, rows, cols)?;
+            let mut m = Matrix::quantized(
+                rows,
+                cols,
+                format,
+                Blob::Mapped {
+                    file: t.file.clone(),
+                    start: t.start,
+                    end: t.end,
+                },
+                q.scales.clone(),
+            )
+            .map_err(|msg| t.bad(msg))?;
+            m.int8_act = q.routed_expert
+                && kernels::int8_activations()
+                && kernels::q8_supported(format, cols);
+            return Ok(m);
+        }
         t.expect_shape(&[rows, cols])?;
         let format = match t.dtype {
             DType::F32 => WeightFormat::F32,
@@ -88,6 +213,45 @@ impl Matrix {
                 start: t.start,
                 end: t.end,
             },
+            scales: None,
+            int8_act: false,
+        })
+    }
+
+    /// A matrix in any format from its packed bytes, checking both sizes (the message says
+    /// which is wrong; callers wrap it in an error naming file and tensor).
+    pub fn quantized(
+        rows: usize,
+        cols: usize,
+        format: WeightFormat,
+        data: Blob,
+        scales: Option<Blob>,
+    ) -> std::result::Result<Matrix, String> {
+        let want = rows
+            .checked_mul(format.row_bytes(cols))
+            .ok_or_else(|| format!("shape [{rows}, {cols}] overflows"))?;
+        if data.bytes().len() != want {
+            return Err(format!(
+                "{} bytes of weights, but [{rows}, {cols}] in {} needs {want}",
+                data.bytes().len(),
+                format.name()
+            ));
+        }
+        let want_s = rows * format.scale_row_bytes(cols);
+        let got_s = scales.as_ref().map_or(0, |s| s.bytes().len());
+        if got_s != want_s {
+            return Err(format!(
+                "{got_s} bytes of scales, but [{rows}, {cols}] in {} needs {want_s}",
+                format.name()
+            ));
+        }
+        Ok(Matrix {
+            rows,
+            cols,
+            format,
+            data,
+            scales: if want_s == 0 { None } else { scales },
+            int8_act: false,
         })
     }
 
@@ -100,68 +264,106 @@ impl Matrix {
             cols,
             format: WeightFormat::F32,
             data: Blob::Owned(Arc::new(bytes)),
+            scales: None,
+            int8_act: false,
         }
     }
 
+    /// An owned matrix quantized from f32 values (tests, benchmarks, synthetic weights).
+    pub fn quantize_f32(rows: usize, cols: usize, format: WeightFormat, values: &[f32]) -> Matrix {
+        let p = crate::quant::quantize(format, rows, cols, values);
+        let scales = (!p.scales.is_empty()).then(|| Blob::Owned(Arc::new(p.scales)));
+        Matrix::quantized(rows, cols, format, Blob::Owned(Arc::new(p.data)), scales)
+            .expect("the quantizer produces the sizes the format needs")
+    }
+
+    /// Bytes of weights and scales.
     pub fn size_bytes(&self) -> usize {
-        self.data.bytes().len()
+        self.data.bytes().len() + self.scales.as_ref().map_or(0, |s| s.bytes().len())
     }
 
     #[inline]
     fn row_bytes(&self, r: usize) -> &[u8] {
-        let w = self.cols * self.format.bytes_per_element();
+        let w = self.format.row_bytes(self.cols);
         &self.data.bytes()[r * w..(r + 1) * w]
     }
 
-    /// Row `r` converted to f32 into `out` (length `cols`).
-    pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
-        kernels::decode_row(self.format, self.row_bytes(r), out);
+    #[inline]
+    fn row_scales(&self, r: usize) -> &[u8] {
+        match &self.scales {
+            Some(s) => {
+                let w = self.format.scale_row_bytes(self.cols);
+                &s.bytes()[r * w..(r + 1) * w]
+            }
+            None => &[],
+        }
     }
 
-    /// `dot(row r, x)`.
+    /// Row `r` converted (dequantized) to f32 into `out` (length `cols`).
+    pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
+        kernels::decode_row(self.format, self.row_bytes(r), self.row_scales(r), out);
+    }
+
+    /// `dot(row r, x)` with f32 activations.
     #[inline]
     pub fn row_dot(&self, r: usize, x: &[f32]) -> f32 {
-        kernels::dot(self.format, self.row_bytes(r), x)
+        kernels::dot(self.format, self.row_bytes(r), self.row_scales(r), x)
+    }
+
+    /// Prepares `n` activation rows for this matrix's kernels.
+    fn prepare(&self, x: &[f32], n: usize) -> Vec<kernels::Act> {
+        let c = self.cols;
+        if n > 1 {
+            (0..n)
+                .into_par_iter()
+                .map(|i| kernels::prepare(self.format, &x[i * c..(i + 1) * c], self.int8_act))
+                .collect()
+        } else {
+            vec![kernels::prepare(self.format, &x[..c], self.int8_act)]
+        }
     }
 
     /// `out[i][r] = dot(row r, x[i])` for `n` input rows `x` (`n × cols`, row-major);
-    /// `out` is `n × rows`. Parallel over blocks of output rows; each weight row is decoded
-    /// once and applied to every input row, so a batch reads the weights once.
+    /// `out` is `n × rows`. Parallel over blocks of output rows; each block of weight rows is
+    /// applied to every input row while it is in cache, so a batch reads the weights once.
+    /// Every (row, input) pair goes through the same kernel whatever `n` is, so a sequence's
+    /// logits do not depend on what it was batched with.
     pub fn matmul(&self, x: &[f32], n: usize, out: &mut [f32]) {
         debug_assert_eq!(x.len(), n * self.cols);
         debug_assert_eq!(out.len(), n * self.rows);
+        if n == 0 || self.rows == 0 {
+            return;
+        }
+        let acts = self.prepare(x, n);
+        let (f, acts) = (self.format, &acts);
         if n == 1 {
             // One input row: output rows are contiguous, no transpose needed.
             out.par_chunks_mut(64).enumerate().for_each(|(b, chunk)| {
                 for (j, o) in chunk.iter_mut().enumerate() {
-                    *o = self.row_dot(b * 64 + j, x);
+                    let r = b * 64 + j;
+                    *o = kernels::dot_act(f, self.row_bytes(r), self.row_scales(r), &acts[0]);
                 }
             });
             return;
         }
-        // Output computed transposed (rows × n) so each thread writes a contiguous block.
-        let mut t = vec![0f32; self.rows * n];
+        // Output computed transposed (rows × n) so each thread writes a contiguous block; a
+        // block of 16 weight rows (a few KiB to a few tens of KiB) stays in L1/L2 while every
+        // input row passes over it.
         const BLOCK: usize = 16;
+        let mut t = vec![0f32; self.rows * n];
         t.par_chunks_mut(BLOCK * n)
             .enumerate()
-            .for_each_init(
-                || vec![0f32; self.cols],
-                |wrow, (b, chunk)| {
-                    for (j, orow) in chunk.chunks_mut(n).enumerate() {
-                        let r = b * BLOCK + j;
-                        if self.format == WeightFormat::F32 {
-                            for (i, o) in orow.iter_mut().enumerate() {
-                                *o = self.row_dot(r, &x[i * self.cols..(i + 1) * self.cols]);
-                            }
-                        } else {
-                            self.row_to_f32(r, wrow);
-                            for (i, o) in orow.iter_mut().enumerate() {
-                                *o = kernels::dot_f32(wrow, &x[i * self.cols..(i + 1) * self.cols]);
-                            }
-                        }
+            .for_each(|(b, chunk)| {
+                let r0 = b * BLOCK;
+                let nr = chunk.len() / n;
+                for (i, act) in acts.iter().enumerate() {
+                    for j in 0..nr {
+                        let r = r0 + j;
+                        chunk[j * n + i] =
+                            kernels::dot_act(f, self.row_bytes(r), self.row_scales(r), act);
                     }
-                },
-            );
+                }
+            });
         for r in 0..self.rows {
             for i in 0..n {
                 out[i * self.rows + r] = t[r * n + i];

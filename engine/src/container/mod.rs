@@ -5,7 +5,13 @@
 //! parsed by the pure functions [`parse_safetensors_header`] and [`parse_index`] (the fuzz
 //! targets call them directly); a bad file is a typed error naming the file and tensor.
 
+mod quantized;
 mod safetensors_file;
+
+pub use quantized::{
+    c_layout_format, is_routed_expert, parse_container_meta, ContainerMeta, ExpertExtent, QuantAttach, TensorRecord,
+    EXPERT_ALIGN, FORMAT_VERSION, KEY_EXPERTS, KEY_TENSORS, KEY_VERSION, PAD_PREFIX, SCALES_SUFFIX,
+};
 
 pub use safetensors_file::{parse_index, parse_safetensors_header, DType, HeaderEntry, ParsedHeader};
 
@@ -45,6 +51,8 @@ pub struct TensorRef {
     pub file: Arc<MappedFile>,
     pub start: usize,
     pub end: usize,
+    /// Quantized storage (converted container or C layout); `None` for plain arrays.
+    pub quant: Option<Arc<QuantAttach>>,
 }
 
 impl TensorRef {
@@ -102,6 +110,11 @@ pub struct Checkpoint {
     pub config_path: PathBuf,
     pub config: serde_json::Value,
     tensors: HashMap<String, TensorRef>,
+    /// Converted container: routed experts' byte extents by name prefix
+    /// (`model.layers.L.mlp.experts.E`), with the file holding each.
+    pub expert_extents: HashMap<String, (Arc<MappedFile>, ExpertExtent)>,
+    /// Whether this folder is a converted container (docs/FORMAT.md).
+    pub is_container: bool,
 }
 
 impl Checkpoint {
@@ -156,6 +169,8 @@ impl Checkpoint {
         }
 
         let mut tensors: HashMap<String, TensorRef> = HashMap::new();
+        let mut expert_extents = HashMap::new();
+        let mut container_files: Option<bool> = None;
         for (shard, listed) in &shards {
             let path = dir.join(shard);
             let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
@@ -163,20 +178,26 @@ impl Checkpoint {
             // is outside what any mmap-based loader can defend against.
             let mmap = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;
             let parsed = parse_safetensors_header(&mmap, &path)?;
+            let container_meta = parse_container_meta(&parsed.metadata, &path)?;
+            match (container_meta.is_some(), container_files) {
+                (true, None) => container_files = Some(true),
+                (false, None) => container_files = Some(false),
+                (c, Some(prev)) if c != prev => {
+                    return Err(Error::CorruptFile {
+                        file: path.clone(),
+                        msg: "some files of this folder carry colibri container records and some do not".into(),
+                    })
+                }
+                _ => {}
+            }
             let mapped = Arc::new(MappedFile {
                 path: path.clone(),
                 mmap,
                 metadata: parsed.metadata,
             });
+            let mut file_tensors: HashMap<String, TensorRef> = HashMap::new();
             for e in parsed.tensors {
-                if let Some(prev) = tensors.get(&e.name) {
-                    return Err(Error::DuplicateTensor {
-                        tensor: e.name,
-                        first: prev.file.path.clone(),
-                        second: path.clone(),
-                    });
-                }
-                tensors.insert(
+                file_tensors.insert(
                     e.name.clone(),
                     TensorRef {
                         name: e.name,
@@ -185,8 +206,26 @@ impl Checkpoint {
                         file: mapped.clone(),
                         start: parsed.data_start + e.start,
                         end: parsed.data_start + e.end,
+                        quant: None,
                     },
                 );
+            }
+            if let Some(meta) = &container_meta {
+                for ext in quantized::apply_container_meta(meta, &path, &mut file_tensors)? {
+                    expert_extents.insert(ext.name.clone(), (mapped.clone(), ext));
+                }
+            }
+            let mut file_tensors: Vec<TensorRef> = file_tensors.into_values().collect();
+            file_tensors.sort_by(|a, b| a.name.cmp(&b.name));
+            for e in file_tensors {
+                if let Some(prev) = tensors.get(&e.name) {
+                    return Err(Error::DuplicateTensor {
+                        tensor: e.name,
+                        first: prev.file.path.clone(),
+                        second: path.clone(),
+                    });
+                }
+                tensors.insert(e.name.clone(), e);
             }
             for t in listed {
                 match tensors.get(t) {
@@ -207,11 +246,17 @@ impl Checkpoint {
                 }
             }
         }
+        let is_container = container_files == Some(true);
+        if !is_container {
+            quantized::attach_c_layout(&mut tensors)?;
+        }
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
             config_path,
             config,
             tensors,
+            expert_extents,
+            is_container,
         })
     }
 

@@ -1,128 +1,262 @@
-//! Compute kernels: dot products and row decoding per weight format.
+//! Compute kernels: dot products of one weight row against activations, per storage format.
 //!
-//! These are written so the compiler vectorises them (several independent accumulators,
-//! fixed-size chunks); hand-written SIMD paths come with the quantised formats.
+//! Every format has a scalar reference ([`scalar`]) that defines the result; the SIMD paths
+//! (AVX2+FMA+F16C on x86-64, NEON on aarch64) are chosen once at run time and are tested
+//! against the reference. Activations are first *prepared* for a format ([`prepare`]): the
+//! SIMD paths want them permuted to match the weights' packing (so the hot loop needs no
+//! shuffles), with per-block sums precomputed, and optionally quantized to int8 per
+//! 32-element block for integer dot products.
+
+pub mod scalar;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 
 use crate::tensor::WeightFormat;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
 
-/// Lanes of independent accumulators: breaks the add dependency chain so the loop
-/// vectorises and pipelines (8 lanes × 4 = one 256-bit register per accumulator group).
-const LANES: usize = 32;
+pub use scalar::dot_f32 as dot_f32_scalar;
 
+/// Elements per activation-quantization block (and per int2 packing block).
+pub const QBLOCK: usize = 32;
+
+/// Elements `b*32 .. min((b+1)*32, cols)`.
+#[inline]
+pub fn block_range(b: usize, cols: usize) -> std::ops::Range<usize> {
+    b * QBLOCK..((b + 1) * QBLOCK).min(cols)
+}
+
+/// Which kernel family runs on this machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    Scalar,
+    Avx2,
+    Neon,
+}
+
+impl Level {
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Scalar => "scalar",
+            Level::Avx2 => "avx2+fma",
+            Level::Neon => "neon",
+        }
+    }
+}
+
+fn detect() -> Level {
+    // COLIBRI_KERNELS=scalar forces the reference path (benchmarks, debugging).
+    if std::env::var("COLIBRI_KERNELS").is_ok_and(|v| v == "scalar") {
+        return Level::Scalar;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+        {
+            return Level::Avx2;
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            return Level::Neon;
+        }
+    }
+    Level::Scalar
+}
+
+/// The kernel family in use (detected once, then cached).
+pub fn level() -> Level {
+    static LEVEL: OnceLock<Level> = OnceLock::new();
+    *LEVEL.get_or_init(detect)
+}
+
+// 0 = not yet read from the environment, 1 = off, 2 = on.
+static INT8_ACT: AtomicU8 = AtomicU8::new(0);
+
+/// Whether routed-expert matrices quantize their activations to int8 (lossy; off unless
+/// `COLIBRI_INT8_ACT=1` or [`set_int8_activations`]). Read when a model is loaded.
+pub fn int8_activations() -> bool {
+    match INT8_ACT.load(Ordering::Relaxed) {
+        0 => {
+            let on = std::env::var("COLIBRI_INT8_ACT").is_ok_and(|v| v == "1" || v == "true");
+            INT8_ACT.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+            on
+        }
+        v => v == 2,
+    }
+}
+
+pub fn set_int8_activations(on: bool) {
+    INT8_ACT.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+}
+
+/// Whether int8 activations can be used with `format` on rows of `cols`: quantized weights
+/// whose scale groups are whole 32-element blocks (or one group per row).
+pub fn q8_supported(format: WeightFormat, cols: usize) -> bool {
+    format.is_quantized()
+        && format
+            .group_len(cols)
+            .is_some_and(|g| g % QBLOCK == 0 || g >= cols)
+}
+
+/// Activations quantized to int8 per 32-element block: `x[j] ≈ q[j] * d[j / 32]`.
+#[derive(Clone, Debug, Default)]
+pub struct Q8Act {
+    /// Natural order.
+    pub q: Vec<i8>,
+    /// One scale per block (the last block may be partial).
+    pub d: Vec<f32>,
+    /// `sum(q)` per block (the offset correction of the int4/int2 codes).
+    pub qsum: Vec<i32>,
+    /// int4 SIMD order: per pair of full blocks A, B: `[A even | B even | A odd | B odd]`.
+    pub qp: Vec<i8>,
+}
+
+/// One activation row prepared for one weight format.
+#[derive(Clone, Debug, Default)]
+pub struct Act {
+    /// The activations, natural order.
+    pub x: Vec<f32>,
+    /// int4 f32 path: per full block, `[even 0..16 | odd 0..16 | even 16..32 | odd 16..32]`.
+    pub xp: Vec<f32>,
+    /// Sum of `x` per full block (offset correction of the int4/int2 codes).
+    pub bsum: Vec<f32>,
+    pub q8: Option<Q8Act>,
+}
+
+/// Quantizes `x` per 32-element block, symmetric, round to nearest.
+pub fn quantize_act(x: &[f32], with_int4_order: bool) -> Q8Act {
+    let nb = x.len().div_ceil(QBLOCK);
+    let mut a = Q8Act {
+        q: vec![0; x.len()],
+        d: vec![0.0; nb],
+        qsum: vec![0; nb],
+        qp: Vec::new(),
+    };
+    for b in 0..nb {
+        let r = block_range(b, x.len());
+        let amax = x[r.clone()].iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let mut s = 0i32;
+        for j in r {
+            let q = (x[j] * inv).round().clamp(-127.0, 127.0) as i8;
+            a.q[j] = q;
+            s += q as i32;
+        }
+        a.d[b] = d;
+        a.qsum[b] = s;
+    }
+    if with_int4_order {
+        let pairs = x.len() / QBLOCK / 2;
+        a.qp = vec![0; pairs * 64];
+        for p in 0..pairs {
+            let out = &mut a.qp[p * 64..(p + 1) * 64];
+            for (h, blk) in [2 * p, 2 * p + 1].into_iter().enumerate() {
+                let q = &a.q[blk * QBLOCK..(blk + 1) * QBLOCK];
+                for k in 0..16 {
+                    out[h * 16 + k] = q[2 * k];
+                    out[32 + h * 16 + k] = q[2 * k + 1];
+                }
+            }
+        }
+    }
+    a
+}
+
+/// Prepares one activation row for `format`. `int8` asks for quantized activations; it is
+/// honoured only where [`q8_supported`].
+pub fn prepare(format: WeightFormat, x: &[f32], int8: bool) -> Act {
+    let cols = x.len();
+    let full = cols / QBLOCK;
+    let mut act = Act {
+        x: x.to_vec(),
+        ..Default::default()
+    };
+    if int8 && q8_supported(format, cols) {
+        act.q8 = Some(quantize_act(x, matches!(format, WeightFormat::I4 { .. })));
+        return act;
+    }
+    if matches!(format, WeightFormat::I4 { .. } | WeightFormat::I2 { .. }) {
+        act.bsum = (0..full)
+            .map(|b| x[b * QBLOCK..(b + 1) * QBLOCK].iter().sum())
+            .collect();
+    }
+    if matches!(format, WeightFormat::I4 { .. }) {
+        act.xp = vec![0.0; full * QBLOCK];
+        for b in 0..full {
+            let src = &x[b * QBLOCK..(b + 1) * QBLOCK];
+            let dst = &mut act.xp[b * QBLOCK..(b + 1) * QBLOCK];
+            for half in 0..2 {
+                for k in 0..8 {
+                    dst[half * 16 + k] = src[half * 16 + 2 * k];
+                    dst[half * 16 + 8 + k] = src[half * 16 + 2 * k + 1];
+                }
+            }
+        }
+    }
+    act
+}
+
+/// `dot(row, act)` for one weight row in `format` with its scales, on the fastest path.
+#[inline]
+pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 {
+    match level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Level::Avx2 is only chosen when avx2, fma and f16c are detected.
+        Level::Avx2 => unsafe { avx2::dot_act(format, w, scales, act) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: Level::Neon is only chosen when neon is detected.
+        Level::Neon => unsafe { neon::dot_act(format, w, scales, act) },
+        _ => scalar::dot_act(format, w, scales, act),
+    }
+}
+
+/// `dot(a, b)` of two f32 vectors on the fastest path.
 #[inline]
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
-    let mut acc = [0f32; LANES];
-    let ca = a.chunks_exact(LANES);
-    let cb = b.chunks_exact(LANES);
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..LANES {
-            acc[i] = x[i].mul_add(y[i], acc[i]);
-        }
-    }
-    let mut s = 0f32;
-    for (x, y) in ra.iter().zip(rb) {
-        s = x.mul_add(*y, s);
-    }
-    s + acc.iter().sum::<f32>()
-}
-
-#[inline(always)]
-fn bf16_to_f32(lo: u8, hi: u8) -> f32 {
-    f32::from_bits(((hi as u32) << 24) | ((lo as u32) << 16))
-}
-
-#[inline]
-fn dot_bf16(w: &[u8], x: &[f32]) -> f32 {
-    debug_assert_eq!(w.len(), 2 * x.len());
-    let mut acc = [0f32; LANES];
-    let cw = w.chunks_exact(2 * LANES);
-    let cx = x.chunks_exact(LANES);
-    let (rw, rx) = (cw.remainder(), cx.remainder());
-    for (wc, xc) in cw.zip(cx) {
-        for i in 0..LANES {
-            acc[i] = bf16_to_f32(wc[2 * i], wc[2 * i + 1]).mul_add(xc[i], acc[i]);
-        }
-    }
-    let mut s = 0f32;
-    for (i, xv) in rx.iter().enumerate() {
-        s = bf16_to_f32(rw[2 * i], rw[2 * i + 1]).mul_add(*xv, s);
-    }
-    s + acc.iter().sum::<f32>()
-}
-
-#[inline]
-fn dot_via_decode(format: WeightFormat, w: &[u8], x: &[f32]) -> f32 {
-    let mut tmp = vec![0f32; x.len()];
-    decode_row(format, w, &mut tmp);
-    dot_f32(&tmp, x)
-}
-
-/// `dot(w, x)` where `w` holds `x.len()` elements in `format`.
-#[inline]
-pub fn dot(format: WeightFormat, w: &[u8], x: &[f32]) -> f32 {
-    match format {
-        WeightFormat::BF16 => dot_bf16(w, x),
-        WeightFormat::F32 => match bytemuck::try_cast_slice::<u8, f32>(w) {
-            Ok(wf) => dot_f32(wf, x),
-            Err(_) => dot_via_decode(format, w, x),
-        },
-        WeightFormat::F16 => dot_via_decode(format, w, x),
+    match level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `dot_act`.
+        Level::Avx2 => unsafe { avx2::dot_f32(a, b) },
+        _ => scalar::dot_f32(a, b),
     }
 }
 
-/// Decodes one row of `format` elements into f32.
-pub fn decode_row(format: WeightFormat, w: &[u8], out: &mut [f32]) {
-    match format {
-        WeightFormat::F32 => {
-            for (o, c) in out.iter_mut().zip(w.chunks_exact(4)) {
-                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+/// `dot(row, x)` with f32 activations (prepares `x` on every call: for one-off dots).
+pub fn dot(format: WeightFormat, w: &[u8], scales: &[u8], x: &[f32]) -> f32 {
+    dot_act(format, w, scales, &prepare(format, x, false))
+}
+
+/// Decodes (dequantizes) one row into `out` (length = cols).
+pub fn decode_row(format: WeightFormat, w: &[u8], scales: &[u8], out: &mut [f32]) {
+    scalar::decode_row(format, w, scales, out)
+}
+
+/// Sums a buffer with several AVX2 accumulators: the memory read bandwidth yardstick the
+/// kernel benchmarks compare against (a naive sum is compute-bound far below bandwidth).
+pub fn sum_bytes_as_f32(buf: &[u8]) -> f32 {
+    match level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `dot_act`.
+        Level::Avx2 => unsafe { avx2::sum_f32(buf) },
+        _ => {
+            let mut acc = [0f32; 16];
+            for c in buf.chunks_exact(64) {
+                for (i, a) in acc.iter_mut().enumerate() {
+                    *a += f32::from_le_bytes([c[4 * i], c[4 * i + 1], c[4 * i + 2], c[4 * i + 3]]);
+                }
             }
-        }
-        WeightFormat::BF16 => {
-            for (o, c) in out.iter_mut().zip(w.chunks_exact(2)) {
-                *o = bf16_to_f32(c[0], c[1]);
-            }
-        }
-        WeightFormat::F16 => {
-            for (o, c) in out.iter_mut().zip(w.chunks_exact(2)) {
-                *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
-            }
+            acc.iter().sum()
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dots_agree_with_naive_sums() {
-        let n = 77;
-        let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
-        let w: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
-        let naive: f64 = x.iter().zip(&w).map(|(a, b)| *a as f64 * *b as f64).sum();
-        assert!((dot_f32(&w, &x) as f64 - naive).abs() < 1e-4);
-        let wb: Vec<u8> = w
-            .iter()
-            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
-            .collect();
-        let naive_b: f64 = w
-            .iter()
-            .zip(&x)
-            .map(|(a, b)| half::bf16::from_f32(*a).to_f64() * *b as f64)
-            .sum();
-        assert!((dot(WeightFormat::BF16, &wb, &x) as f64 - naive_b).abs() < 1e-4);
-        let wh: Vec<u8> = w
-            .iter()
-            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
-            .collect();
-        let naive_h: f64 = w
-            .iter()
-            .zip(&x)
-            .map(|(a, b)| half::f16::from_f32(*a).to_f64() * *b as f64)
-            .sum();
-        assert!((dot(WeightFormat::F16, &wh, &x) as f64 - naive_h).abs() < 1e-4);
-    }
-}
+mod tests;

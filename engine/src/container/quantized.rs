@@ -1,0 +1,609 @@
+//! Converted containers (docs/FORMAT.md) and the colibri C container layout.
+//!
+//! A converted container is a folder of safetensors files whose `__metadata__` records the
+//! format version, every tensor's storage format (quantization, group size, scale type,
+//! logical shape) and, for expert files, the byte extent of each routed expert. Nothing is
+//! inferred from byte counts: a record that does not match its tensor is an error.
+//!
+//! The C layout (tensor `name` as U8 plus `name.qs` F32 scales) carries no such records; its
+//! format follows from the byte counts and the shape the model's config asks for, which
+//! [`QuantAttach::format_for`] decides when the family loads the matrix.
+
+use super::{DType, TensorRef};
+use crate::error::{Error, Result};
+use crate::tensor::{Blob, ScaleType, WeightFormat};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+/// `__metadata__` keys of a converted container's files.
+pub const KEY_VERSION: &str = "colibri.version";
+pub const KEY_TENSORS: &str = "colibri.tensors";
+pub const KEY_EXPERTS: &str = "colibri.experts";
+/// The container format version this engine writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// Alignment of every routed expert's extent in an expert file.
+pub const EXPERT_ALIGN: usize = 4096;
+/// Suffix of a quantized tensor's scales (shared with the C layout).
+pub const SCALES_SUFFIX: &str = ".qs";
+/// Prefix of the filler tensors that keep expert extents aligned.
+pub const PAD_PREFIX: &str = "__pad.";
+
+/// One tensor's storage record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorRecord {
+    /// "f32", "bf16", "f16", "int8", "int4", "int2".
+    pub format: String,
+    /// Elements per scale; 0 = one scale per row. Absent for unscaled formats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_size: Option<u32>,
+    /// "f32" or "f16". Absent for unscaled formats.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_dtype: Option<String>,
+    /// Logical shape (`[rows, cols]` for quantized matrices).
+    pub shape: Vec<usize>,
+}
+
+impl TensorRecord {
+    pub fn for_format(format: WeightFormat, shape: Vec<usize>) -> TensorRecord {
+        let (f, g, s) = match format {
+            WeightFormat::F32 => ("f32", None, None),
+            WeightFormat::BF16 => ("bf16", None, None),
+            WeightFormat::F16 => ("f16", None, None),
+            WeightFormat::I8Row => ("int8", Some(0), Some(ScaleType::F32)),
+            WeightFormat::I4 { group, scale } => ("int4", Some(group), Some(scale)),
+            WeightFormat::I2 { group, scale } => ("int2", Some(group), Some(scale)),
+        };
+        TensorRecord {
+            format: f.into(),
+            group_size: g,
+            scale_dtype: s.map(|s| s.name().to_string()),
+            shape,
+        }
+    }
+
+    /// The storage format this record names, validated.
+    pub fn weight_format(&self) -> std::result::Result<WeightFormat, String> {
+        let scale = || -> std::result::Result<ScaleType, String> {
+            match self.scale_dtype.as_deref() {
+                Some("f32") => Ok(ScaleType::F32),
+                Some("f16") => Ok(ScaleType::F16),
+                Some(o) => Err(format!("unknown scale_dtype '{o}' (f32 or f16)")),
+                None => Err(format!("format {} needs a scale_dtype", self.format)),
+            }
+        };
+        let group = || -> std::result::Result<u32, String> {
+            match self.group_size {
+                Some(g) if g == 0 || (g % 32 == 0 && g <= 1 << 20) => Ok(g),
+                Some(g) => Err(format!(
+                    "group_size {g} is not 0 (per row) or a multiple of 32"
+                )),
+                None => Err(format!("format {} needs a group_size", self.format)),
+            }
+        };
+        let f = match self.format.as_str() {
+            "f32" => WeightFormat::F32,
+            "bf16" => WeightFormat::BF16,
+            "f16" => WeightFormat::F16,
+            "int8" => {
+                if group()? != 0 || scale()? != ScaleType::F32 {
+                    return Err(
+                        "int8 is per row with f32 scales (group_size 0, scale_dtype f32)".into(),
+                    );
+                }
+                WeightFormat::I8Row
+            }
+            "int4" => WeightFormat::I4 {
+                group: group()?,
+                scale: scale()?,
+            },
+            "int2" => WeightFormat::I2 {
+                group: group()?,
+                scale: scale()?,
+            },
+            o => return Err(format!("unknown format '{o}'")),
+        };
+        if f.is_quantized() && self.shape.len() != 2 {
+            return Err(format!(
+                "quantized tensors are matrices, but shape is {:?}",
+                self.shape
+            ));
+        }
+        if !f.is_quantized() && (self.group_size.is_some() || self.scale_dtype.is_some()) {
+            return Err(format!(
+                "format {} takes no group_size or scale_dtype",
+                self.format
+            ));
+        }
+        Ok(f)
+    }
+}
+
+/// Where one routed expert's tensors (gate, up, down and their scales) lie in its file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpertExtent {
+    /// Tensor-name prefix, e.g. `model.layers.3.mlp.experts.17`.
+    pub name: String,
+    /// Absolute byte offset in the file (a multiple of 4096).
+    pub offset: u64,
+    /// Bytes, padded to a multiple of 4096.
+    pub length: u64,
+}
+
+/// The container records of one file.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ContainerMeta {
+    pub version: u32,
+    pub tensors: BTreeMap<String, TensorRecord>,
+    pub experts: Vec<ExpertExtent>,
+}
+
+impl ContainerMeta {
+    /// The `__metadata__` entries that describe this file.
+    pub fn to_metadata(&self) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        m.insert(KEY_VERSION.to_string(), self.version.to_string());
+        m.insert(
+            KEY_TENSORS.to_string(),
+            serde_json::to_string(&self.tensors).expect("records serialize"),
+        );
+        if !self.experts.is_empty() {
+            m.insert(
+                KEY_EXPERTS.to_string(),
+                serde_json::to_string(&self.experts).expect("extents serialize"),
+            );
+        }
+        m
+    }
+}
+
+fn corrupt(path: &Path, msg: impl Into<String>) -> Error {
+    Error::CorruptFile {
+        file: path.to_path_buf(),
+        msg: msg.into(),
+    }
+}
+
+/// Parses the container records of a file's `__metadata__` (a fuzz target). `Ok(None)` for
+/// a file that is not part of a converted container.
+pub fn parse_container_meta(
+    meta: &BTreeMap<String, String>,
+    path: &Path,
+) -> Result<Option<ContainerMeta>> {
+    let Some(v) = meta.get(KEY_VERSION) else {
+        if meta.contains_key(KEY_TENSORS) || meta.contains_key(KEY_EXPERTS) {
+            return Err(corrupt(
+                path,
+                format!("colibri records without '{KEY_VERSION}'"),
+            ));
+        }
+        return Ok(None);
+    };
+    let version: u32 = v
+        .parse()
+        .map_err(|_| corrupt(path, format!("container version '{v}' is not a number")))?;
+    if version != FORMAT_VERSION {
+        return Err(corrupt(
+            path,
+            format!("container format version {version} is not supported (this engine reads version {FORMAT_VERSION}); convert again"),
+        ));
+    }
+    let tensors: BTreeMap<String, TensorRecord> = match meta.get(KEY_TENSORS) {
+        Some(s) => serde_json::from_str(s)
+            .map_err(|e| corrupt(path, format!("bad '{KEY_TENSORS}': {e}")))?,
+        None => {
+            return Err(corrupt(
+                path,
+                format!("container file without '{KEY_TENSORS}'"),
+            ))
+        }
+    };
+    for (name, r) in &tensors {
+        r.weight_format()
+            .map_err(|m| corrupt(path, format!("record of tensor '{name}': {m}")))?;
+    }
+    let experts: Vec<ExpertExtent> = match meta.get(KEY_EXPERTS) {
+        Some(s) => serde_json::from_str(s)
+            .map_err(|e| corrupt(path, format!("bad '{KEY_EXPERTS}': {e}")))?,
+        None => Vec::new(),
+    };
+    for e in &experts {
+        if e.offset % EXPERT_ALIGN as u64 != 0
+            || e.length % EXPERT_ALIGN as u64 != 0
+            || e.length == 0
+        {
+            return Err(corrupt(
+                path,
+                format!(
+                    "expert '{}' extent [{}, +{}) is not 4096-byte aligned",
+                    e.name, e.offset, e.length
+                ),
+            ));
+        }
+        if e.offset.checked_add(e.length).is_none() {
+            return Err(corrupt(
+                path,
+                format!("expert '{}' extent overflows", e.name),
+            ));
+        }
+    }
+    Ok(Some(ContainerMeta {
+        version,
+        tensors,
+        experts,
+    }))
+}
+
+/// Storage of a tensor that is not a plain f32/bf16/f16 array, attached by the loader.
+#[derive(Clone, Debug)]
+pub struct QuantAttach {
+    /// `Some` for a converted container (from its record); `None` for the C layout, whose
+    /// format follows from the shape the config asks for.
+    pub format: Option<WeightFormat>,
+    /// Logical shape from the record (C layout: empty).
+    pub shape: Vec<usize>,
+    pub scales: Option<Blob>,
+    /// Number of scale values (C layout).
+    pub scale_count: usize,
+    /// A routed expert's weight (int8 activations may apply, see `kernels`).
+    pub routed_expert: bool,
+}
+
+impl QuantAttach {
+    /// The format of `t` loaded as a `[rows, cols]` matrix.
+    pub fn format_for(&self, t: &TensorRef, rows: usize, cols: usize) -> Result<WeightFormat> {
+        if let Some(f) = self.format {
+            if self.shape != [rows, cols] {
+                return Err(t.bad(format!(
+                    "shape {:?} does not match the configuration, which needs [{rows}, {cols}]",
+                    self.shape
+                )));
+            }
+            return Ok(f);
+        }
+        c_layout_format(t.end - t.start, self.scale_count, rows, cols).map_err(|m| t.bad(m))
+    }
+}
+
+/// The C layout's format from byte and scale counts for a `[rows, cols]` matrix: int8 per
+/// row (rows·cols bytes, rows scales), int4 per row (rows·cols/2 bytes, rows scales), int4
+/// grouped (rows·cols/2 bytes, rows·ceil(cols/gs) scales).
+pub fn c_layout_format(
+    bytes: usize,
+    scales: usize,
+    rows: usize,
+    cols: usize,
+) -> std::result::Result<WeightFormat, String> {
+    let numel = rows.checked_mul(cols).ok_or("shape overflows")?;
+    if rows == 0 || cols == 0 {
+        return Err("empty matrix".into());
+    }
+    if bytes == numel {
+        if scales != rows {
+            return Err(format!(
+                "int8 per-row layout needs {rows} scales, found {scales}"
+            ));
+        }
+        return Ok(WeightFormat::I8Row);
+    }
+    if cols % 2 == 0 && bytes == numel / 2 {
+        if scales == rows {
+            return Ok(WeightFormat::I4 {
+                group: 0,
+                scale: ScaleType::F32,
+            });
+        }
+        if scales % rows != 0 {
+            return Err(format!(
+                "{scales} int4 scales is not a whole number per row ({rows} rows)"
+            ));
+        }
+        let per_row = scales / rows;
+        for gs in [32usize, 64, 128, 256, 512, 1024] {
+            if cols.div_ceil(gs) == per_row {
+                return Ok(WeightFormat::I4 {
+                    group: gs as u32,
+                    scale: ScaleType::F32,
+                });
+            }
+        }
+        return Err(format!(
+            "{per_row} int4 scales per row of {cols} elements match no group size of 32..1024"
+        ));
+    }
+    Err(format!(
+        "{bytes} bytes match no layout for [{rows}, {cols}] (int8 needs {numel}, int4 needs {})",
+        numel / 2
+    ))
+}
+
+/// Whether a tensor name belongs to a routed expert (`...experts.<index>....`).
+pub fn is_routed_expert(name: &str) -> Option<&str> {
+    let i = name.find(".experts.")?;
+    let rest = &name[i + ".experts.".len()..];
+    let digits = rest.bytes().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 || rest.as_bytes().get(digits) != Some(&b'.') {
+        return None;
+    }
+    Some(&name[..i + ".experts.".len() + digits])
+}
+
+/// Applies one converted-container file's records to its tensors: checks every record
+/// against the header, attaches formats and scales, removes filler tensors, returns the
+/// expert extents.
+pub(super) fn apply_container_meta(
+    meta: &ContainerMeta,
+    path: &Path,
+    file_tensors: &mut HashMap<String, TensorRef>,
+) -> Result<Vec<ExpertExtent>> {
+    let bad = |t: &str, msg: String| Error::BadTensor {
+        file: path.to_path_buf(),
+        tensor: t.to_string(),
+        msg,
+    };
+    file_tensors.retain(|n, _| !n.starts_with(PAD_PREFIX));
+    for name in file_tensors.keys() {
+        if !meta.tensors.contains_key(name) && !is_scales_of_record(name, meta) {
+            return Err(bad(
+                name,
+                "tensor has no record in the container metadata".into(),
+            ));
+        }
+    }
+    for (name, rec) in &meta.tensors {
+        let format = rec.weight_format().map_err(|m| bad(name, m))?;
+        let t = file_tensors
+            .get(name)
+            .cloned()
+            .ok_or_else(|| bad(name, "recorded in the metadata but not in the file".into()))?;
+        if !format.is_quantized() {
+            let dt = match format {
+                WeightFormat::F32 => DType::F32,
+                WeightFormat::BF16 => DType::BF16,
+                _ => DType::F16,
+            };
+            if t.dtype != dt || t.shape != rec.shape {
+                return Err(bad(
+                    name,
+                    format!(
+                        "record says {} {:?}, file holds {} {:?}",
+                        rec.format,
+                        rec.shape,
+                        t.dtype.name(),
+                        t.shape
+                    ),
+                ));
+            }
+            continue;
+        }
+        let (rows, cols) = (rec.shape[0], rec.shape[1]);
+        let rb = format.row_bytes(cols);
+        if t.dtype != DType::U8 || t.shape != [rows, rb] {
+            return Err(bad(
+                name,
+                format!(
+                    "{} [{rows}, {cols}] is stored as U8 [{rows}, {rb}], file holds {} {:?}",
+                    format.name(),
+                    t.dtype.name(),
+                    t.shape
+                ),
+            ));
+        }
+        let sname = format!("{name}{SCALES_SUFFIX}");
+        let s = file_tensors
+            .get(&sname)
+            .ok_or_else(|| bad(name, format!("scales tensor '{sname}' is missing")))?;
+        let st = format.scale_type().expect("quantized formats have scales");
+        let want_dt = if st == ScaleType::F32 {
+            DType::F32
+        } else {
+            DType::F16
+        };
+        let want_n = rows * format.groups_per_row(cols);
+        if s.dtype != want_dt || s.numel() != want_n {
+            return Err(bad(
+                &sname,
+                format!(
+                    "needs {want_n} {} scales, file holds {} {:?}",
+                    st.name(),
+                    s.dtype.name(),
+                    s.shape
+                ),
+            ));
+        }
+        let scales = Blob::Mapped {
+            file: s.file.clone(),
+            start: s.start,
+            end: s.end,
+        };
+        let entry = file_tensors.get_mut(name).expect("checked above");
+        entry.quant = Some(std::sync::Arc::new(QuantAttach {
+            format: Some(format),
+            shape: rec.shape.clone(),
+            scales: Some(scales),
+            scale_count: want_n,
+            routed_expert: is_routed_expert(name).is_some(),
+        }));
+    }
+    // Each extent must be inside the file and hold every tensor of its expert.
+    let file_len = file_tensors
+        .values()
+        .next()
+        .map_or(0, |t| t.file.bytes().len() as u64);
+    let mut by_name: HashMap<&str, &ExpertExtent> = HashMap::new();
+    for e in &meta.experts {
+        if e.offset + e.length > file_len.div_ceil(EXPERT_ALIGN as u64) * EXPERT_ALIGN as u64 {
+            return Err(corrupt(
+                path,
+                format!("expert '{}' extent runs past the end of the file", e.name),
+            ));
+        }
+        if by_name.insert(e.name.as_str(), e).is_some() {
+            return Err(corrupt(
+                path,
+                format!("expert '{}' has two extents", e.name),
+            ));
+        }
+    }
+    for t in file_tensors.values() {
+        if let Some(prefix) = is_routed_expert(&t.name) {
+            match by_name.get(prefix) {
+                Some(e) if t.start as u64 >= e.offset && t.end as u64 <= e.offset + e.length => {}
+                Some(e) => {
+                    return Err(bad(
+                        &t.name,
+                        format!(
+                            "lies outside its expert's extent [{}, +{})",
+                            e.offset, e.length
+                        ),
+                    ))
+                }
+                None if meta.experts.is_empty() => {}
+                None => return Err(bad(&t.name, format!("expert '{prefix}' has no extent"))),
+            }
+        }
+    }
+    Ok(meta.experts.clone())
+}
+
+fn is_scales_of_record(name: &str, meta: &ContainerMeta) -> bool {
+    name.strip_suffix(SCALES_SUFFIX)
+        .and_then(|w| meta.tensors.get(w))
+        .and_then(|r| r.weight_format().ok())
+        .is_some_and(|f| f.is_quantized())
+}
+
+/// Attaches the C layout to a plain checkpoint's tensors: each U8 tensor with an F32
+/// `name.qs` becomes quantized (its format decided at load time from the config's shape).
+/// A U8 tensor without scales, or scales of another dtype, is an error.
+pub(super) fn attach_c_layout(tensors: &mut HashMap<String, TensorRef>) -> Result<()> {
+    let names: Vec<String> = tensors
+        .iter()
+        .filter(|(_, t)| t.dtype == DType::U8)
+        .map(|(n, _)| n.clone())
+        .collect();
+    for name in names {
+        let sname = format!("{name}{SCALES_SUFFIX}");
+        let t = &tensors[&name];
+        let Some(s) = tensors.get(&sname) else {
+            return Err(t.bad(format!(
+                "U8 tensor without its scales '{sname}' (colibri C layout)"
+            )));
+        };
+        if s.dtype != DType::F32 {
+            return Err(s.bad(format!(
+                "C-layout scales must be F32, found {}",
+                s.dtype.name()
+            )));
+        }
+        let attach = QuantAttach {
+            format: None,
+            shape: Vec::new(),
+            scales: Some(Blob::Mapped {
+                file: s.file.clone(),
+                start: s.start,
+                end: s.end,
+            }),
+            scale_count: s.numel(),
+            routed_expert: is_routed_expert(&name).is_some(),
+        };
+        tensors.get_mut(&name).expect("listed above").quant = Some(std::sync::Arc::new(attach));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expert_names_are_recognised() {
+        assert_eq!(
+            is_routed_expert("model.layers.3.mlp.experts.17.gate_proj.weight"),
+            Some("model.layers.3.mlp.experts.17")
+        );
+        assert_eq!(
+            is_routed_expert("model.layers.0.block_sparse_moe.experts.2.w1.weight"),
+            Some("model.layers.0.block_sparse_moe.experts.2")
+        );
+        assert_eq!(
+            is_routed_expert("model.layers.3.mlp.shared_experts.gate_proj.weight"),
+            None
+        );
+        assert_eq!(
+            is_routed_expert("model.layers.3.mlp.experts.gate_up_proj"),
+            None
+        );
+    }
+
+    #[test]
+    fn c_layout_is_decided_by_counts_or_refused() {
+        assert_eq!(
+            c_layout_format(64 * 128, 64, 64, 128),
+            Ok(WeightFormat::I8Row)
+        );
+        assert_eq!(
+            c_layout_format(64 * 64, 64, 64, 128),
+            Ok(WeightFormat::I4 {
+                group: 0,
+                scale: ScaleType::F32
+            })
+        );
+        assert_eq!(
+            c_layout_format(64 * 64, 128, 64, 128),
+            Ok(WeightFormat::I4 {
+                group: 64,
+                scale: ScaleType::F32
+            })
+        );
+        assert!(c_layout_format(64 * 64, 65, 64, 128).is_err());
+        assert!(c_layout_format(100, 64, 64, 128).is_err());
+        assert!(c_layout_format(64 * 128, 63, 64, 128).is_err());
+    }
+
+    #[test]
+    fn metadata_round_trips_and_rejects_nonsense() {
+        let mut m = ContainerMeta {
+            version: FORMAT_VERSION,
+            ..Default::default()
+        };
+        m.tensors.insert(
+            "a".into(),
+            TensorRecord::for_format(
+                WeightFormat::I4 {
+                    group: 64,
+                    scale: ScaleType::F16,
+                },
+                vec![4, 128],
+            ),
+        );
+        m.experts.push(ExpertExtent {
+            name: "x.experts.0".into(),
+            offset: 4096,
+            length: 8192,
+        });
+        let p = Path::new("f");
+        assert_eq!(
+            parse_container_meta(&m.to_metadata(), p).unwrap(),
+            Some(m.clone())
+        );
+        let mut bad = m.to_metadata();
+        bad.insert(KEY_VERSION.into(), "2".into());
+        assert!(parse_container_meta(&bad, p).is_err());
+        let mut bad = m.to_metadata();
+        bad.insert(
+            KEY_TENSORS.into(),
+            r#"{"a":{"format":"int4","group_size":48,"scale_dtype":"f16","shape":[4,128]}}"#.into(),
+        );
+        assert!(parse_container_meta(&bad, p).is_err());
+        let mut bad = m.to_metadata();
+        bad.insert(
+            KEY_EXPERTS.into(),
+            r#"[{"name":"e","offset":100,"length":4096}]"#.into(),
+        );
+        assert!(parse_container_meta(&bad, p).is_err());
+        assert_eq!(parse_container_meta(&BTreeMap::new(), p).unwrap(), None);
+    }
+}

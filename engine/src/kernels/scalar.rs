@@ -1,0 +1,183 @@
+//! Scalar reference kernels. They define what every SIMD path must compute (the property
+//! tests compare against them) and they are the fallback where no SIMD path applies.
+
+use super::{block_range, Act, Q8Act, QBLOCK};
+use crate::tensor::{ScaleType, WeightFormat};
+
+/// Multi-accumulator f32 dot product (the compiler vectorises it).
+#[inline]
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    const LANES: usize = 32;
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0f32; LANES];
+    let ca = a.chunks_exact(LANES);
+    let cb = b.chunks_exact(LANES);
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..LANES {
+            acc[i] = x[i].mul_add(y[i], acc[i]);
+        }
+    }
+    let mut s = 0f32;
+    for (x, y) in ra.iter().zip(rb) {
+        s = x.mul_add(*y, s);
+    }
+    s + acc.iter().sum::<f32>()
+}
+
+#[inline(always)]
+pub fn bf16_to_f32(lo: u8, hi: u8) -> f32 {
+    f32::from_bits(((hi as u32) << 24) | ((lo as u32) << 16))
+}
+
+/// Scale number `g` of a row's scale bytes.
+#[inline(always)]
+pub fn scale_at(st: ScaleType, s: &[u8], g: usize) -> f32 {
+    match st {
+        ScaleType::F32 => f32::from_le_bytes([s[4 * g], s[4 * g + 1], s[4 * g + 2], s[4 * g + 3]]),
+        ScaleType::F16 => half::f16::from_le_bytes([s[2 * g], s[2 * g + 1]]).to_f32(),
+    }
+}
+
+/// The stored nibble (`q + 8`, 0..16) of element `j` of an int4 row.
+#[inline(always)]
+pub fn i4_code(w: &[u8], j: usize) -> u8 {
+    (w[j / 2] >> ((j & 1) * 4)) & 0x0F
+}
+
+/// The stored 2-bit code (0..4) of element `j` of an int2 row of `cols` elements. Full
+/// 32-element blocks hold element `k + 8s` of the block in bits `2s` of the block's byte `k`;
+/// the elements after the last full block are packed plainly, four per byte, lowest first.
+#[inline(always)]
+pub fn i2_code(w: &[u8], j: usize, cols: usize) -> u8 {
+    let full = cols / QBLOCK * QBLOCK;
+    if j < full {
+        let (b, e) = (j / QBLOCK, j % QBLOCK);
+        (w[b * 8 + (e % 8)] >> (2 * (e / 8))) & 3
+    } else {
+        let t = j - full;
+        (w[full / 4 + t / 4] >> (2 * (t % 4))) & 3
+    }
+}
+
+/// Dequantized value of element `j` (for decoding and for the reference dots).
+#[inline(always)]
+fn elem(format: WeightFormat, w: &[u8], j: usize, cols: usize) -> f32 {
+    match format {
+        WeightFormat::F32 => {
+            f32::from_le_bytes([w[4 * j], w[4 * j + 1], w[4 * j + 2], w[4 * j + 3]])
+        }
+        WeightFormat::BF16 => bf16_to_f32(w[2 * j], w[2 * j + 1]),
+        WeightFormat::F16 => half::f16::from_le_bytes([w[2 * j], w[2 * j + 1]]).to_f32(),
+        WeightFormat::I8Row => w[j] as i8 as f32,
+        WeightFormat::I4 { .. } => i4_code(w, j) as f32 - 8.0,
+        WeightFormat::I2 { .. } => i2_code(w, j, cols) as f32 - 1.5,
+    }
+}
+
+/// Decodes one row (dequantized) into `out` (length = cols).
+pub fn decode_row(format: WeightFormat, w: &[u8], scales: &[u8], out: &mut [f32]) {
+    let cols = out.len();
+    match (format.group_len(cols), format.scale_type()) {
+        (Some(g), Some(st)) => {
+            for (gi, chunk) in out.chunks_mut(g).enumerate() {
+                let s = scale_at(st, scales, gi);
+                for (k, o) in chunk.iter_mut().enumerate() {
+                    *o = elem(format, w, gi * g + k, cols) * s;
+                }
+            }
+        }
+        _ => {
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = elem(format, w, j, cols);
+            }
+        }
+    }
+}
+
+/// Reference `dot(row, x)` with f32 activations: per group, the sum of code × x, times the
+/// group's scale.
+pub fn dot(format: WeightFormat, w: &[u8], scales: &[u8], x: &[f32]) -> f32 {
+    let cols = x.len();
+    match format {
+        WeightFormat::F32 => match bytemuck::try_cast_slice::<u8, f32>(w) {
+            Ok(wf) => dot_f32(wf, x),
+            Err(_) => (0..cols).map(|j| elem(format, w, j, cols) * x[j]).sum(),
+        },
+        WeightFormat::BF16 | WeightFormat::F16 => {
+            let mut acc = [0f32; 8];
+            for (j, xv) in x.iter().enumerate() {
+                acc[j % 8] = elem(format, w, j, cols).mul_add(*xv, acc[j % 8]);
+            }
+            acc.iter().sum()
+        }
+        _ => {
+            let g = format.group_len(cols).unwrap_or(cols);
+            let st = format.scale_type().unwrap_or(ScaleType::F32);
+            let mut total = 0f32;
+            for gi in 0..cols.div_ceil(g) {
+                let mut s = 0f32;
+                for (j, xv) in x
+                    .iter()
+                    .enumerate()
+                    .take(((gi + 1) * g).min(cols))
+                    .skip(gi * g)
+                {
+                    s = elem(format, w, j, cols).mul_add(*xv, s);
+                }
+                total = s.mul_add(scale_at(st, scales, gi), total);
+            }
+            total
+        }
+    }
+}
+
+/// Reference `dot(row, x)` with int8 activations `a` (natural order): per 32-element block
+/// an exact integer sum of code × q, times the block's activation scale and the weight
+/// scale of the group holding the block.
+pub fn dot_q8(format: WeightFormat, w: &[u8], scales: &[u8], a: &Q8Act, cols: usize) -> f32 {
+    dot_q8_blocks(format, w, scales, a, cols, 0)
+}
+
+/// As [`dot_q8`], from block `first` to the end of the row (the SIMD paths hand over the
+/// leftover blocks to this).
+pub fn dot_q8_blocks(
+    format: WeightFormat,
+    w: &[u8],
+    scales: &[u8],
+    a: &Q8Act,
+    cols: usize,
+    first: usize,
+) -> f32 {
+    let g = format.group_len(cols).unwrap_or(cols);
+    let st = format.scale_type().unwrap_or(ScaleType::F32);
+    let mut total = 0f32;
+    for b in first..cols.div_ceil(QBLOCK) {
+        let r = block_range(b, cols);
+        let s = scale_at(st, scales, r.start / g);
+        let isum: i32 = match format {
+            WeightFormat::I8Row => r.map(|j| (w[j] as i8 as i32) * a.q[j] as i32).sum(),
+            WeightFormat::I4 { .. } => r.map(|j| (i4_code(w, j) as i32 - 8) * a.q[j] as i32).sum(),
+            // (c - 1.5) * q summed as (2c - 3) * q / 2, exact in integers.
+            WeightFormat::I2 { .. } => r
+                .map(|j| (2 * i2_code(w, j, cols) as i32 - 3) * a.q[j] as i32)
+                .sum(),
+            _ => unreachable!("dot_q8 is only called for quantized formats"),
+        };
+        let isum = if matches!(format, WeightFormat::I2 { .. }) {
+            isum as f32 * 0.5
+        } else {
+            isum as f32
+        };
+        total = isum.mul_add(a.d[b] * s, total);
+    }
+    total
+}
+
+/// Reference for a prepared activation: dispatches to [`dot`] or [`dot_q8`].
+pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 {
+    match &act.q8 {
+        Some(a) => dot_q8(format, w, scales, a, act.x.len()),
+        None => dot(format, w, scales, &act.x),
+    }
+}

@@ -1,0 +1,132 @@
+//! The in-process path (`--local`): load the model in this process and drive the engine's
+//! own [`Generation`] state machine, exactly as the daemon's scheduler does for one session.
+
+use crate::output::{print_score, RunSink, RunStats};
+use crate::progress;
+use crate::run::{PromptSpec, RunArgs, ScoreArgs};
+use anyhow::Context;
+use colibri_engine::text::ChatMessage;
+use colibri_engine::{Error, GenerateRequest, Generation, Model};
+use std::path::Path;
+use std::time::Instant;
+
+/// Prompt tokens fed per forward step; bounds the activation memory of a long prompt.
+const PREFILL_CHUNK: usize = 512;
+
+/// Tokens generated when `--max-tokens` is not given (capped to the room left).
+pub const DEFAULT_MAX_TOKENS: usize = 256;
+
+/// Loads a model folder, with a spinner on a terminal. Returns the model and the seconds taken.
+pub fn load_model(dir: &Path) -> anyhow::Result<(Model, f64)> {
+    let t = Instant::now();
+    let pb = progress::spinner(format!("loading {}", dir.display()));
+    let model = Model::load(dir);
+    pb.finish_and_clear();
+    Ok((model?, t.elapsed().as_secs_f64()))
+}
+
+/// Turns the prompt into token ids: the chat template for text (unless raw), else as given.
+pub fn prompt_ids(model: &Model, spec: &PromptSpec) -> anyhow::Result<Vec<u32>> {
+    let (text, system, raw) = match spec {
+        PromptSpec::Ids(ids) => return Ok(ids.clone()),
+        PromptSpec::Text { text, system, raw } => (text, system, *raw),
+    };
+    let Some(t) = &model.text else {
+        anyhow::bail!(
+            "{} has no tokenizer.json, so text prompts cannot be encoded; give --prompt-ids",
+            model.info.dir.display()
+        );
+    };
+    if raw {
+        return Ok(t.encode(text, true)?);
+    }
+    let mut messages = Vec::new();
+    if let Some(s) = system {
+        messages.push(ChatMessage {
+            role: "system".into(),
+            content: s.clone(),
+        });
+    }
+    messages.push(ChatMessage {
+        role: "user".into(),
+        content: text.clone(),
+    });
+    let rendered = t.render_chat(&messages, true)?;
+    // The template writes the special tokens (BOS, role markers) itself.
+    Ok(t.encode(&rendered, false)?)
+}
+
+/// `--max-tokens`, or the default capped to the context room. A prompt that leaves no room
+/// is an error, never a silent truncation.
+pub fn max_tokens(
+    requested: Option<usize>,
+    prompt_len: usize,
+    max_context: usize,
+) -> Result<usize, Error> {
+    if prompt_len >= max_context {
+        // A prompt that exactly fills the context leaves no room for one generated token.
+        return Err(Error::ContextOverflow {
+            needed: prompt_len.max(max_context + 1),
+            max: max_context,
+        });
+    }
+    Ok(requested.unwrap_or(DEFAULT_MAX_TOKENS.min(max_context - prompt_len)))
+}
+
+pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    let spec = args.prompt_spec()?;
+    let (model, load_s) = load_model(&args.target.model)?;
+    let prompt = prompt_ids(&model, &spec)?;
+    let sampling = args.sampling.params();
+    let seed = sampling.seed;
+    let req = GenerateRequest {
+        max_tokens: max_tokens(args.max_tokens, prompt.len(), model.info.max_context)?,
+        prompt: prompt.clone(),
+        sampling,
+        stop_strings: args.stop.clone(),
+        ignore_eos: args.ignore_eos,
+    };
+    let mut generation = Generation::new(&model, model.new_cache(), req)?;
+    let mut sink = RunSink::new(args.output);
+    let start = Instant::now();
+    let mut first_token: Option<Instant> = None;
+    let mut write_err: Option<std::io::Error> = None;
+    generation.run(&model, PREFILL_CHUNK, |ev| {
+        first_token.get_or_insert_with(Instant::now);
+        if let (Some(id), None) = (ev.token, &write_err) {
+            if let Err(e) = sink.token(id, &ev.text) {
+                write_err = Some(e);
+            }
+        }
+    })?;
+    if let Some(e) = write_err {
+        return Err(e).context("writing to stdout");
+    }
+    let end = Instant::now();
+    let first = first_token.unwrap_or(end);
+    let stats = RunStats {
+        prompt_tokens: prompt.len(),
+        generated_tokens: generation.generated().len(),
+        load_s: Some(load_s),
+        prefill_s: (first - start).as_secs_f64(),
+        decode_s: (end - first).as_secs_f64(),
+        seed,
+        ..Default::default()
+    }
+    .with_rates();
+    let reason = generation
+        .finished()
+        .map(|r| r.as_str())
+        .unwrap_or("unknown");
+    sink.finish(reason, &stats)?;
+    if args.stats {
+        eprintln!("{} (finish: {reason})", stats.summary());
+    }
+    Ok(())
+}
+
+pub fn score(args: &ScoreArgs) -> anyhow::Result<()> {
+    let (model, _) = load_model(&args.target.model)?;
+    let logits = model.score(&args.ids)?;
+    print_score(args.output, model.info.vocab_size, &logits)
+}

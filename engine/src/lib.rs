@@ -11,6 +11,7 @@
 //! - [`generate`]: the step-by-step generation state machine shared by CLI and daemon.
 
 pub mod arch;
+pub mod bench;
 pub mod container;
 pub mod error;
 pub mod generate;

@@ -116,6 +116,11 @@ pub struct Q8Act {
     pub qsum: Vec<i32>,
     /// int4 SIMD order: per pair of full blocks A, B: `[A even | B even | A odd | B odd]`.
     pub qp: Vec<i8>,
+    /// int4 SIMD: per pair, the block scales as the 8 lanes of the pair's sums `[dA×4, dB×4]`.
+    pub d8: Vec<f32>,
+    /// int4 SIMD: per pair, the code offset `8·sum(q)` of A in lane 0 and of B in lane 4, so
+    /// the correction is one integer subtraction.
+    pub corr8: Vec<i32>,
 }
 
 /// One activation row prepared for one weight format.
@@ -137,7 +142,7 @@ pub fn quantize_act(x: &[f32], with_int4_order: bool) -> Q8Act {
         q: vec![0; x.len()],
         d: vec![0.0; nb],
         qsum: vec![0; nb],
-        qp: Vec::new(),
+        ..Default::default()
     };
     for b in 0..nb {
         let r = block_range(b, x.len());
@@ -156,7 +161,15 @@ pub fn quantize_act(x: &[f32], with_int4_order: bool) -> Q8Act {
     if with_int4_order {
         let pairs = x.len() / QBLOCK / 2;
         a.qp = vec![0; pairs * 64];
+        a.d8 = vec![0.0; pairs * 8];
+        a.corr8 = vec![0; pairs * 8];
         for p in 0..pairs {
+            for k in 0..4 {
+                a.d8[p * 8 + k] = a.d[2 * p];
+                a.d8[p * 8 + 4 + k] = a.d[2 * p + 1];
+            }
+            a.corr8[p * 8] = 8 * a.qsum[2 * p];
+            a.corr8[p * 8 + 4] = 8 * a.qsum[2 * p + 1];
             let out = &mut a.qp[p * 64..(p + 1) * 64];
             for (h, blk) in [2 * p, 2 * p + 1].into_iter().enumerate() {
                 let q = &a.q[blk * QBLOCK..(blk + 1) * QBLOCK];

@@ -5,6 +5,7 @@
 //! - [`tensor`] and [`kernels`]: weight matrices and the dot/matmul kernels over them.
 //! - [`arch`]: one file per model family plus the shared blocks (norms, RoPE, attention, MoE).
 //! - [`kv`]: per-sequence KV caches.
+//! - [`experts`]: routed experts streamed from disk into a budgeted cache.
 //! - [`model`]: [`Model`], the loaded network with its text assets; the batched forward.
 //! - [`text`]: tokenizer, chat template, incremental detokenization, stop strings.
 //! - [`sample`]: samplers.
@@ -13,7 +14,9 @@
 pub mod arch;
 pub mod bench;
 pub mod container;
+pub mod convert;
 pub mod error;
+pub mod experts;
 pub mod generate;
 pub mod kernels;
 pub mod kv;

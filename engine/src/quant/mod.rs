@@ -4,6 +4,8 @@
 //! All quantizers are symmetric (no zero point) and deterministic: the same input gives the
 //! same bytes on every machine and thread count, which the resumable converter relies on.
 
+pub mod eval;
+
 use crate::kernels::QBLOCK;
 use crate::tensor::{ScaleType, WeightFormat};
 use rayon::prelude::*;

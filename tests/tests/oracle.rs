@@ -5,7 +5,15 @@ use colibri_engine::{GenerateRequest, Generation, LogitsWanted, Model, SamplingP
 use colibri_tests::{fixture, max_abs_diff, top2, Reference};
 
 /// Families whose fixtures must match transformers.
-const FAMILIES: &[&str] = &["olmoe", "qwen3_moe", "mixtral"];
+const FAMILIES: &[&str] = &[
+    "olmoe",
+    "qwen3_moe",
+    "mixtral",
+    "deepseek_v3",
+    "deepseek_v3_noqlora",
+    "glm4_moe",
+    "glm_moe_dsa",
+];
 
 const LOGIT_TOL: f32 = 2e-3;
 
@@ -23,10 +31,17 @@ fn check_teacher_forced(family: &str) {
         assert!(d < LOGIT_TOL, "{family}: position {p}: max |Δlogit| = {d}");
         let (want_arg, gap) = top2(want);
         if gap > 1e-3 {
-            assert_eq!(top2(got).0, want_arg, "{family}: argmax differs at position {p}");
+            assert_eq!(
+                top2(got).0,
+                want_arg,
+                "{family}: argmax differs at position {p}"
+            );
         }
     }
-    eprintln!("{family}: max |Δlogit| over {} positions = {worst:.2e}", r.logits.len());
+    eprintln!(
+        "{family}: max |Δlogit| over {} positions = {worst:.2e}",
+        r.logits.len()
+    );
 }
 
 fn check_greedy(family: &str) {
@@ -41,7 +56,11 @@ fn check_greedy(family: &str) {
     };
     let mut g = Generation::new(&model, model.new_cache(), req).unwrap();
     g.run(&model, 64, |_| {}).unwrap();
-    assert_eq!(g.generated(), &r.greedy_ids[..], "{family}: greedy continuation");
+    assert_eq!(
+        g.generated(),
+        &r.greedy_ids[..],
+        "{family}: greedy continuation"
+    );
 }
 
 /// Prefill of the prompt then one token at a time gives the one-pass logits.
@@ -58,7 +77,10 @@ fn check_kv_consistency(family: &str) {
         logits: LogitsWanted::All,
     }];
     let pre = model.forward(&mut step).unwrap().remove(0);
-    assert!(max_abs_diff(&pre, &full[..np * vocab]) < 1e-4, "{family}: prefill");
+    assert!(
+        max_abs_diff(&pre, &full[..np * vocab]) < 1e-4,
+        "{family}: prefill"
+    );
     for p in np..r.input_ids.len() {
         let got = model.step(&mut cache, &r.input_ids[p..p + 1]).unwrap();
         let d = max_abs_diff(&got, &full[p * vocab..(p + 1) * vocab]);
@@ -76,8 +98,16 @@ fn check_batch_independence(family: &str) {
     let solo_b = model.score(b).unwrap();
     let (mut ca, mut cb) = (model.new_cache(), model.new_cache());
     let mut batch = [
-        SeqStep { cache: &mut ca, tokens: a, logits: LogitsWanted::All },
-        SeqStep { cache: &mut cb, tokens: b, logits: LogitsWanted::All },
+        SeqStep {
+            cache: &mut ca,
+            tokens: a,
+            logits: LogitsWanted::All,
+        },
+        SeqStep {
+            cache: &mut cb,
+            tokens: b,
+            logits: LogitsWanted::All,
+        },
     ];
     let out = model.forward(&mut batch).unwrap();
     assert!(max_abs_diff(&out[0], &solo_a) < 1e-4);
@@ -108,4 +138,8 @@ family_tests! {
     olmoe => "olmoe",
     qwen3_moe => "qwen3_moe",
     mixtral => "mixtral",
+    deepseek_v3 => "deepseek_v3",
+    deepseek_v3_noqlora => "deepseek_v3_noqlora",
+    glm4_moe => "glm4_moe",
+    glm_moe_dsa => "glm_moe_dsa",
 }

@@ -11,9 +11,15 @@ use rayon::prelude::*;
 pub enum QkNorm {
     None,
     /// RMSNorm over the whole projected q (and k) vector (OLMoE).
-    Whole { q: RmsNorm, k: RmsNorm },
+    Whole {
+        q: RmsNorm,
+        k: RmsNorm,
+    },
     /// RMSNorm over each head separately (Qwen3, GLM-4.5).
-    PerHead { q: RmsNorm, k: RmsNorm },
+    PerHead {
+        q: RmsNorm,
+        k: RmsNorm,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -37,12 +43,21 @@ pub struct GqaAttention {
 impl GqaAttention {
     /// Attention for all rows of the batch at layer `layer`: projects, normalises, rotates,
     /// appends k/v to each sequence's cache, attends causally, projects out.
-    pub fn forward(&self, h: &[f32], rows: &BatchRows, caches: &mut [&mut KvCache], layer: usize) -> Vec<f32> {
+    pub fn forward(
+        &self,
+        h: &[f32],
+        rows: &BatchRows,
+        caches: &mut [&mut KvCache],
+        layer: usize,
+    ) -> Vec<f32> {
         let n = rows.len();
         let mut q = self.q_proj.forward(h, n);
         let mut k = self.k_proj.forward(h, n);
         let mut v = self.v_proj.forward(h, n);
-        let (qw, kw) = (self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim);
+        let (qw, kw) = (
+            self.n_heads * self.head_dim,
+            self.n_kv_heads * self.head_dim,
+        );
         match &self.qk_norm {
             QkNorm::None => {}
             // The norm's width says which: a whole row, or one head at a time.
@@ -59,8 +74,10 @@ impl GqaAttention {
         }
         for i in 0..n {
             let p = rows.pos[i];
-            self.rope.apply(&mut q[i * qw..(i + 1) * qw], self.head_dim, p);
-            self.rope.apply(&mut k[i * kw..(i + 1) * kw], self.head_dim, p);
+            self.rope
+                .apply(&mut q[i * qw..(i + 1) * qw], self.head_dim, p);
+            self.rope
+                .apply(&mut k[i * kw..(i + 1) * kw], self.head_dim, p);
         }
         // Append this step's keys and values to each sequence's cache.
         for (s, cache) in caches.iter_mut().enumerate() {
@@ -104,7 +121,10 @@ impl GqaAttention {
     }
 
     pub fn kv_widths(&self) -> (usize, usize) {
-        (self.n_kv_heads * self.head_dim, self.n_kv_heads * self.head_dim)
+        (
+            self.n_kv_heads * self.head_dim,
+            self.n_kv_heads * self.head_dim,
+        )
     }
 
     pub fn size_bytes(&self) -> usize {

@@ -3,7 +3,8 @@
 
 use crate::container::Checkpoint;
 use crate::error::Result;
-use crate::tensor::{Linear, Matrix};
+use crate::tensor::{Blob, Linear, Matrix};
+use std::sync::Arc;
 
 /// RMSNorm: `x / sqrt(mean(x²) + eps) * weight`, the sum of squares accumulated in f64 so
 /// the result sits as close to the exact value as torch's reduction does.
@@ -82,14 +83,28 @@ impl Rope {
 
     /// Rotates every head (`head_dim` floats each) of one position's vector `x` in place.
     pub fn apply(&self, x: &mut [f32], head_dim: usize, pos: usize) {
+        let (cos, sin) = self.cos_sin(pos);
+        self.rotate(x, head_dim, &cos, &sin);
+    }
+
+    /// cos and sin of every pair's angle at `pos`, times `attention_scaling`. Computed once
+    /// per position and shared by every head (and, for MLA, by q, k and the DSA indexer).
+    pub fn cos_sin(&self, pos: usize) -> (Vec<f32>, Vec<f32>) {
         let half = self.rotary_dim / 2;
-        // cos/sin once per position; torch computes the angle as f32(inv_freq * pos).
         let (mut cos, mut sin) = (vec![0f32; half], vec![0f32; half]);
         for i in 0..half {
+            // torch computes the angle as f32(inv_freq * pos).
             let a = self.inv_freq[i] * pos as f32;
             cos[i] = a.cos() * self.attention_scaling;
             sin[i] = a.sin() * self.attention_scaling;
         }
+        (cos, sin)
+    }
+
+    /// Rotates the first `rotary_dim` dims of every `head_dim` chunk of `x` with angles from
+    /// [`cos_sin`](Self::cos_sin); the rest of each chunk passes through.
+    pub fn rotate(&self, x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
+        let half = self.rotary_dim / 2;
         for h in x.chunks_mut(head_dim) {
             match self.layout {
                 RopeLayout::HalfSplit => {
@@ -99,6 +114,8 @@ impl Rope {
                         h[i + half] = b * cos[i] + a * sin[i];
                     }
                 }
+                // transformers de-interleaves the output ([evens ‖ odds]); keeping the pairs in
+                // place instead permutes q and k alike, so every dot product is the same.
                 RopeLayout::Interleaved => {
                     for i in 0..half {
                         let (a, b) = (h[2 * i], h[2 * i + 1]);
@@ -106,6 +123,31 @@ impl Rope {
                         h[2 * i + 1] = b * cos[i] + a * sin[i];
                     }
                 }
+            }
+        }
+    }
+}
+
+/// torch's `nn.LayerNorm` with weight and bias: `(x - mean) / sqrt(var + eps) * w + b`, the
+/// biased variance, moments accumulated in f64.
+#[derive(Clone, Debug)]
+pub struct LayerNorm {
+    pub weight: Vec<f32>,
+    pub bias: Vec<f32>,
+    pub eps: f32,
+}
+
+impl LayerNorm {
+    /// Normalises every `weight.len()`-float chunk of `x` in place.
+    pub fn apply_chunks(&self, x: &mut [f32]) {
+        let w = self.weight.len();
+        for c in x.chunks_mut(w) {
+            let mean = c.iter().map(|v| *v as f64).sum::<f64>() / w as f64;
+            let var = c.iter().map(|v| (*v as f64 - mean).powi(2)).sum::<f64>() / w as f64;
+            let r = 1.0 / (var as f32 + self.eps).sqrt();
+            let mean = mean as f32;
+            for ((v, g), b) in c.iter_mut().zip(&self.weight).zip(&self.bias) {
+                *v = (*v - mean) * r * g + b;
             }
         }
     }
@@ -200,6 +242,15 @@ impl<'a> Loader<'a> {
         })
     }
 
+    /// `{prefix}.weight` and `{prefix}.bias`, both `[width]`: a LayerNorm.
+    pub fn layer_norm(&self, prefix: &str, width: usize, eps: f32) -> Result<LayerNorm> {
+        Ok(LayerNorm {
+            weight: self.vector(&format!("{prefix}.weight"), width)?,
+            bias: self.vector(&format!("{prefix}.bias"), width)?,
+            eps,
+        })
+    }
+
     /// A gated MLP whose three projections are `{prefix}.{gate|up|down}.weight`.
     pub fn mlp(&self, prefix: &str, names: [&str; 3], hidden: usize, inter: usize) -> Result<Mlp> {
         let [g, u, d] = names;
@@ -209,4 +260,35 @@ impl<'a> Loader<'a> {
             down: self.matrix(&format!("{prefix}.{d}.weight"), hidden, inter)?,
         })
     }
+}
+
+/// Rows `r0..r1` of `m` as a matrix of their own, in the same format. Memory-mapped bytes are
+/// shared (no copy); owned bytes are copied once. Used to split a fused projection (MLA's
+/// `kv_b_proj`) into per-head blocks at load time.
+pub fn row_block(m: &Matrix, r0: usize, r1: usize) -> Matrix {
+    assert!(
+        r0 <= r1 && r1 <= m.rows,
+        "row block {r0}..{r1} of {} rows",
+        m.rows
+    );
+    let slice = |blob: &Blob, row_bytes: usize| -> Blob {
+        let (a, b) = (r0 * row_bytes, r1 * row_bytes);
+        match blob {
+            Blob::Mapped { file, start, .. } => Blob::Mapped {
+                file: file.clone(),
+                start: start + a,
+                end: start + b,
+            },
+            other => Blob::Owned(Arc::new(other.bytes()[a..b].to_vec())),
+        }
+    };
+    let data = slice(&m.data, m.format.row_bytes(m.cols));
+    let scales = m
+        .scales
+        .as_ref()
+        .map(|s| slice(s, m.format.scale_row_bytes(m.cols)));
+    let mut out = Matrix::quantized(r1 - r0, m.cols, m.format, data, scales)
+        .expect("a row block of a valid matrix has valid sizes");
+    out.int8_act = m.int8_act;
+    out
 }

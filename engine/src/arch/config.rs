@@ -1,6 +1,7 @@
 //! Typed reads of `config.json` with errors that name the file and key, and the parts of the
 //! config every family shares (dimensions, RoPE, eos/bos ids).
 
+use super::blocks::{Rope, RopeLayout};
 use crate::error::{Error, Result};
 use serde_json::Value;
 use std::path::Path;
@@ -35,7 +36,9 @@ impl<'a> Cfg<'a> {
                 .as_u64()
                 .and_then(|x| usize::try_from(x).ok())
                 .map(Some)
-                .ok_or_else(|| self.err(format!("'{key}' must be a non-negative integer, got {v}"))),
+                .ok_or_else(|| {
+                    self.err(format!("'{key}' must be a non-negative integer, got {v}"))
+                }),
         }
     }
 
@@ -110,7 +113,11 @@ impl<'a> Cfg<'a> {
 pub fn id_list(v: &Value, key: &str) -> Vec<u32> {
     match v.get(key) {
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64())
+            .map(|x| x as u32)
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -195,5 +202,199 @@ impl RopeParams {
                 supported.join(", ")
             )))
         }
+    }
+}
+
+impl RopeParams {
+    /// The rotary embedding over `rotary_dim` dims per head, for the scaling types colibri
+    /// implements: `default` and `yarn` (as transformers' `_compute_yarn_parameters`, with the
+    /// same f32/f64 split so the frequencies match bit for bit). `max_position` is the
+    /// config's `max_position_embeddings`.
+    pub fn rope(
+        &self,
+        cfg: &Cfg,
+        rotary_dim: usize,
+        layout: RopeLayout,
+        max_position: usize,
+    ) -> Result<Rope> {
+        if rotary_dim == 0 || rotary_dim % 2 != 0 {
+            return Err(cfg.err(format!(
+                "rotary dimension {rotary_dim} must be even and positive"
+            )));
+        }
+        match self.rope_type.as_str() {
+            "default" => Ok(Rope::new(self.theta, rotary_dim, layout)),
+            "yarn" => self.yarn(cfg, rotary_dim, layout, max_position),
+            _ => Err(cfg.err(format!(
+                "rope scaling type '{}' is not supported (supported: default, yarn)",
+                self.rope_type
+            ))),
+        }
+    }
+
+    /// `original_max_position_embeddings`: transformers prefers a top-level key over the
+    /// one in the scaling dict, and falls back to `max_position_embeddings`.
+    fn original_max_position(&self, cfg: &Cfg, max_position: usize) -> Result<f64> {
+        if let Some(v) = cfg.opt_f64("original_max_position_embeddings")? {
+            return Ok(v);
+        }
+        Ok(self
+            .param("original_max_position_embeddings")
+            .unwrap_or(max_position as f64))
+    }
+
+    /// YaRN's `factor`, or max / original positions when the config leaves it out.
+    fn yarn_factor(&self, cfg: &Cfg, max_position: usize) -> Result<f64> {
+        match self.param("factor") {
+            Some(f) => Ok(f),
+            None => Ok(max_position as f64 / self.original_max_position(cfg, max_position)?),
+        }
+    }
+
+    fn yarn(&self, cfg: &Cfg, dim: usize, layout: RopeLayout, max_position: usize) -> Result<Rope> {
+        let base = self.theta;
+        let factor = self.yarn_factor(cfg, max_position)?;
+        let orig = self.original_max_position(cfg, max_position)?;
+        if !(factor.is_finite() && factor > 0.0 && orig > 0.0) {
+            return Err(cfg.err(format!(
+                "yarn needs a positive factor and original_max_position_embeddings (got {factor}, {orig})"
+            )));
+        }
+        let truthy = |k: &str| self.param(k).filter(|v| *v != 0.0);
+        let mscale = |scale: f64, m: f64| {
+            if scale <= 1.0 {
+                1.0
+            } else {
+                0.1 * m * scale.ln() + 1.0
+            }
+        };
+        let attention_factor = match self.param("attention_factor") {
+            Some(a) => a,
+            None => match (truthy("mscale"), truthy("mscale_all_dim")) {
+                (Some(m), Some(all)) => mscale(factor, m) / mscale(factor, all),
+                _ => mscale(factor, 1.0),
+            },
+        };
+        let beta_fast = truthy("beta_fast").unwrap_or(32.0);
+        let beta_slow = truthy("beta_slow").unwrap_or(1.0);
+        let truncate = match self.params.get("truncate") {
+            None | Some(Value::Null) => true,
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| cfg.err("rope 'truncate' must be true or false"))?,
+        };
+        let dimf = dim as f64;
+        let correction_dim =
+            |rot: f64| dimf * (orig / (rot * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln());
+        let (mut low, mut high) = (correction_dim(beta_fast), correction_dim(beta_slow));
+        if truncate {
+            low = low.floor();
+            high = high.ceil();
+        }
+        let low = low.max(0.0);
+        let mut high = high.min(dimf - 1.0);
+        if low == high {
+            high += 0.001; // transformers' guard against a zero-width ramp
+        }
+        // f32 from here on, as torch: the python scalars enter the tensor ops as f32.
+        let (base32, factor32) = (base as f32, factor as f32);
+        let (low32, span32) = (low as f32, (high - low) as f32);
+        let inv_freq = (0..dim / 2)
+            .map(|i| {
+                let pos_freq = base32.powf((2 * i) as f32 / dim as f32);
+                let extrapolation = 1.0 / pos_freq;
+                let interpolation = 1.0 / (factor32 * pos_freq);
+                let ramp = ((i as f32 - low32) / span32).clamp(0.0, 1.0);
+                let extrapolation_factor = 1.0 - ramp;
+                interpolation * (1.0 - extrapolation_factor) + extrapolation * extrapolation_factor
+            })
+            .collect();
+        Ok(Rope {
+            inv_freq,
+            rotary_dim: dim,
+            layout,
+            attention_scaling: attention_factor as f32,
+        })
+    }
+
+    /// The factor MLA families (DeepSeek-V3, GLM-5) multiply their softmax scale by: YaRN's
+    /// `mscale(factor, mscale_all_dim)²` when the config scales RoPE and sets
+    /// `mscale_all_dim`, else 1 (transformers' `yarn_apply_mscale`).
+    pub fn mla_softmax_mscale(&self, cfg: &Cfg, max_position: usize) -> Result<f64> {
+        if self.rope_type == "default" {
+            return Ok(1.0);
+        }
+        match self.param("mscale_all_dim").filter(|v| *v != 0.0) {
+            None => Ok(1.0),
+            Some(all) => {
+                let factor = self.yarn_factor(cfg, max_position)?;
+                let m = if factor <= 1.0 {
+                    1.0
+                } else {
+                    0.1 * all * factor.ln() + 1.0
+                };
+                Ok(m * m)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rope_of(json: &str, dim: usize) -> (Rope, f64) {
+        let v: Value = serde_json::from_str(json).unwrap();
+        let cfg = Cfg::new(&v, Path::new("config.json"));
+        let p = RopeParams::read(&cfg, 10000.0).unwrap();
+        let max = cfg.usize("max_position_embeddings").unwrap();
+        (
+            p.rope(&cfg, dim, RopeLayout::Interleaved, max).unwrap(),
+            p.mla_softmax_mscale(&cfg, max).unwrap(),
+        )
+    }
+
+    #[test]
+    fn yarn_matches_transformers_for_both_spellings() {
+        // The deepseek_v3 fixture's settings; values from transformers 5.24.
+        let want = [
+            1.0, 0.23717, 0.05, 0.0079057, 0.0025, 7.9057e-4, 2.5e-4, 7.9057e-5,
+        ];
+        let legacy = r#"{"max_position_embeddings": 256, "rope_theta": 10000.0,
+            "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}}"#;
+        let v5 = r#"{"max_position_embeddings": 256, "rope_parameters": {"rope_type": "yarn",
+            "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}}"#;
+        for json in [legacy, v5] {
+            let (r, m) = rope_of(json, 16);
+            for (got, want) in r.inv_freq.iter().zip(want) {
+                assert!((got - want).abs() <= want * 1e-4, "{:?}", r.inv_freq);
+            }
+            assert_eq!(r.attention_scaling, 1.0);
+            let scale = (48f64).powf(-0.5) * m;
+            assert!((scale - 0.18713).abs() < 1e-5, "{scale}");
+        }
+    }
+
+    #[test]
+    fn yarn_attention_factor_without_mscale_all_dim() {
+        let (r, m) = rope_of(
+            r#"{"max_position_embeddings": 256, "rope_scaling": {"type": "yarn", "factor": 4.0,
+            "original_max_position_embeddings": 64}}"#,
+            16,
+        );
+        assert!((r.attention_scaling - (0.1 * 4f32.ln() + 1.0)).abs() < 1e-6);
+        assert_eq!(m, 1.0);
+    }
+
+    #[test]
+    fn unknown_rope_type_is_an_error() {
+        let v: Value =
+            serde_json::from_str(r#"{"rope_scaling": {"type": "dynamic", "factor": 2.0}}"#)
+                .unwrap();
+        let cfg = Cfg::new(&v, Path::new("config.json"));
+        let p = RopeParams::read(&cfg, 10000.0).unwrap();
+        assert!(p.rope(&cfg, 16, RopeLayout::HalfSplit, 128).is_err());
     }
 }

@@ -20,7 +20,10 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
     }
     let inter = cfg.dim("intermediate_size")?;
     let window = cfg.opt_usize("sliding_window")?;
-    let ld = Loader { ckpt, family: "mixtral" };
+    let ld = Loader {
+        ckpt,
+        family: "mixtral",
+    };
 
     let mut layers = Vec::with_capacity(d.n_layers);
     for i in 0..d.n_layers {
@@ -36,17 +39,31 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
         attn.sliding_window = window;
         let moe = format!("{p}.block_sparse_moe");
         let experts = (0..n_experts)
-            .map(|e| ld.mlp(&format!("{moe}.experts.{e}"), ["w1", "w3", "w2"], d.hidden, inter))
+            .map(|e| {
+                ld.mlp(
+                    &format!("{moe}.experts.{e}"),
+                    ["w1", "w3", "w2"],
+                    d.hidden,
+                    inter,
+                )
+            })
             .collect::<Result<Vec<_>>>()?;
         layers.push(Layer {
             attn_norm: ld.norm(&format!("{p}.input_layernorm.weight"), d.hidden, d.eps)?,
             attn: Attention::Gqa(attn),
-            ffn_norm: ld.norm(&format!("{p}.post_attention_layernorm.weight"), d.hidden, d.eps)?,
+            ffn_norm: ld.norm(
+                &format!("{p}.post_attention_layernorm.weight"),
+                d.hidden,
+                d.eps,
+            )?,
             ffn: Ffn::Moe(Moe {
                 router: ld.matrix(&format!("{moe}.gate.weight"), n_experts, d.hidden)?,
-                routing: Routing::SoftmaxTopK { norm_topk_prob: true },
+                routing: Routing::SoftmaxTopK {
+                    norm_topk_prob: true,
+                },
                 top_k,
                 experts,
+                shared: None,
             }),
         });
     }
@@ -60,5 +77,6 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
         layers,
         final_norm,
         lm_head,
+        mtp: Vec::new(),
     })
 }

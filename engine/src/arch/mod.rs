@@ -7,8 +7,14 @@
 pub mod attention;
 pub mod blocks;
 pub mod config;
+pub mod deepseek_v3;
+pub mod dsa;
+pub mod glm4_moe;
+pub mod glm_moe_dsa;
 pub mod mixtral;
+pub mod mla;
 pub mod moe;
+pub mod mtp;
 pub mod olmoe;
 pub mod qwen3_moe;
 
@@ -20,13 +26,19 @@ use crate::tensor::Matrix;
 use attention::GqaAttention;
 use blocks::{Mlp, RmsNorm};
 use config::Cfg;
+use dsa::Selection;
+use mla::MlaAttention;
 use moe::Moe;
+use mtp::MtpLayer;
 
 /// `model_type` values this engine runs, with the builder for each.
 const FAMILIES: &[(&str, fn(&Checkpoint, &Cfg) -> Result<Network>)] = &[
     ("olmoe", olmoe::build),
     ("qwen3_moe", qwen3_moe::build),
     ("mixtral", mixtral::build),
+    ("deepseek_v3", deepseek_v3::build),
+    ("glm4_moe", glm4_moe::build),
+    ("glm_moe_dsa", glm_moe_dsa::build),
 ];
 
 pub fn supported_model_types() -> Vec<String> {
@@ -53,6 +65,41 @@ pub fn build(ckpt: &Checkpoint) -> Result<Network> {
 #[derive(Clone, Debug)]
 pub enum Attention {
     Gqa(GqaAttention),
+    Mla(MlaAttention),
+}
+
+impl Attention {
+    /// Cache floats per position `(k, v)` and of side data.
+    pub fn cache_widths(&self) -> (usize, usize, usize) {
+        match self {
+            Attention::Gqa(a) => {
+                let (k, v) = a.kv_widths();
+                (k, v, 0)
+            }
+            Attention::Mla(a) => {
+                let (k, v) = a.kv_widths();
+                (k, v, a.extra_width())
+            }
+        }
+    }
+
+    /// Floats per position a plain per-head K/V cache would need for this layer.
+    pub fn full_kv_width(&self) -> usize {
+        match self {
+            Attention::Gqa(a) => {
+                let (k, v) = a.kv_widths();
+                k + v
+            }
+            Attention::Mla(a) => a.expanded_kv_width(),
+        }
+    }
+
+    pub fn size_bytes(&self) -> usize {
+        match self {
+            Attention::Gqa(a) => a.size_bytes(),
+            Attention::Mla(a) => a.size_bytes(),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -69,6 +116,41 @@ pub struct Layer {
     pub ffn: Ffn,
 }
 
+impl Layer {
+    /// One pre-norm decoder layer over the rows `x` (updated in place), using cache layer
+    /// `cache_layer` of every sequence. `sel` carries the DSA selection between layers.
+    pub fn forward(
+        &self,
+        x: &mut [f32],
+        rows: &BatchRows,
+        caches: &mut [&mut KvCache],
+        cache_layer: usize,
+        sel: &mut Option<Selection>,
+    ) {
+        let n = rows.len();
+        let h = self.attn_norm.forward(x);
+        let a = match &self.attn {
+            Attention::Gqa(att) => att.forward(&h, rows, caches, cache_layer),
+            Attention::Mla(att) => att.forward(&h, rows, caches, cache_layer, sel),
+        };
+        add_into(x, &a);
+        let h = self.ffn_norm.forward(x);
+        let f = match &self.ffn {
+            Ffn::Dense(m) => m.forward(&h, n),
+            Ffn::Moe(m) => m.forward(&h, n),
+        };
+        add_into(x, &f);
+    }
+
+    pub fn size_bytes(&self) -> usize {
+        self.attn.size_bytes()
+            + match &self.ffn {
+                Ffn::Dense(m) => m.size_bytes(),
+                Ffn::Moe(m) => m.size_bytes(),
+            }
+    }
+}
+
 /// A decoder-only transformer as every supported family instantiates it.
 pub struct Network {
     pub model_type: String,
@@ -81,6 +163,9 @@ pub struct Network {
     pub final_norm: RmsNorm,
     /// `[vocab, hidden]` (the embedding again when tied).
     pub lm_head: Matrix,
+    /// Multi-token-prediction layers (`num_nextn_predict_layers`), drafting for speculative
+    /// decoding; empty when the checkpoint carries none.
+    pub mtp: Vec<MtpLayer>,
 }
 
 /// Which sequence and position each row of a batched step belongs to.
@@ -103,16 +188,59 @@ impl BatchRows {
     }
 }
 
+/// Builds the rows of a batched step: sequence and position of each.
+fn batch_rows(batch: &[SeqStep<'_>]) -> BatchRows {
+    let mut rows = BatchRows {
+        seq: Vec::new(),
+        pos: Vec::new(),
+        starts: vec![0],
+    };
+    for (s, step) in batch.iter().enumerate() {
+        for j in 0..step.tokens.len() {
+            rows.seq.push(s);
+            rows.pos.push(step.cache.len + j);
+        }
+        rows.starts.push(rows.seq.len());
+    }
+    rows
+}
+
+/// The rows of `range` that `want` selects.
+fn wanted_rows(want: LogitsWanted, range: std::ops::Range<usize>) -> std::ops::Range<usize> {
+    match want {
+        LogitsWanted::None => range.start..range.start,
+        LogitsWanted::Last if range.is_empty() => range,
+        LogitsWanted::Last => range.end - 1..range.end,
+        LogitsWanted::All => range,
+    }
+}
+
+/// A cache with one layer per entry of `layers`, sized for `capacity` positions.
+fn cache_for<'a>(layers: impl Iterator<Item = &'a Layer>, capacity: usize) -> KvCache {
+    let widths: Vec<(usize, usize, usize)> = layers.map(|l| l.attn.cache_widths()).collect();
+    let kv: Vec<(usize, usize)> = widths.iter().map(|&(k, v, _)| (k, v)).collect();
+    let mut cache = KvCache::new(&kv, capacity);
+    for (l, &(_, _, extra)) in cache.layers.iter_mut().zip(&widths) {
+        l.extra_width = extra;
+    }
+    cache
+}
+
 impl Network {
     pub fn new_cache(&self) -> KvCache {
-        let widths: Vec<(usize, usize)> = self
-            .layers
-            .iter()
-            .map(|l| match &l.attn {
-                Attention::Gqa(a) => a.kv_widths(),
-            })
-            .collect();
-        KvCache::new(&widths, self.max_context)
+        cache_for(self.layers.iter(), self.max_context)
+    }
+
+    /// Bytes per position the KV cache holds (f32), and what a plain per-head K/V cache of
+    /// the same layers would hold: MLA keeps a latent instead of expanded keys and values.
+    pub fn kv_bytes_per_token(&self) -> (usize, usize) {
+        let (mut held, mut full) = (0, 0);
+        for l in &self.layers {
+            let (k, v, x) = l.attn.cache_widths();
+            held += (k + v + x) * 4;
+            full += l.attn.full_kv_width() * 4;
+        }
+        (held, full)
     }
 
     pub fn weight_bytes(&self) -> usize {
@@ -120,95 +248,144 @@ impl Network {
         if !std::ptr::eq(&self.embed, &self.lm_head) {
             b += self.lm_head.size_bytes();
         }
-        for l in &self.layers {
-            b += match &l.attn {
-                Attention::Gqa(a) => a.size_bytes(),
-            };
-            b += match &l.ffn {
-                Ffn::Dense(m) => m.size_bytes(),
-                Ffn::Moe(m) => m.size_bytes(),
-            };
-        }
-        b
+        b += self.layers.iter().map(|l| l.size_bytes()).sum::<usize>();
+        b + self.mtp.iter().map(|m| m.size_bytes()).sum::<usize>()
     }
 
     /// The batched forward pass. Caller has validated ids and context room.
     pub fn forward(&self, batch: &mut [SeqStep<'_>]) -> Vec<Vec<f32>> {
-        let hidden = self.hidden_size;
-        let mut rows = BatchRows {
-            seq: Vec::new(),
-            pos: Vec::new(),
-            starts: vec![0],
-        };
-        for (s, step) in batch.iter().enumerate() {
-            for (j, _) in step.tokens.iter().enumerate() {
-                rows.seq.push(s);
-                rows.pos.push(step.cache.len + j);
-            }
-            rows.starts.push(rows.seq.len());
-        }
+        self.forward_with_hidden(batch, &[]).0
+    }
+
+    /// The batched forward pass, also returning the final-normed hidden states of the rows
+    /// `hidden[s]` selects for sequence `s` (missing entries mean none): what the MTP layers
+    /// take as their input. Returns (logits per sequence, hidden rows per sequence).
+    pub fn forward_with_hidden(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        hidden: &[LogitsWanted],
+    ) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+        let width = self.hidden_size;
+        let rows = batch_rows(batch);
         let n = rows.len();
-        let mut x = vec![0f32; n * hidden];
+        let mut x = vec![0f32; n * width];
         let mut i = 0;
         for step in batch.iter() {
             for &t in step.tokens {
                 self.embed
-                    .row_to_f32(t as usize, &mut x[i * hidden..(i + 1) * hidden]);
+                    .row_to_f32(t as usize, &mut x[i * width..(i + 1) * width]);
                 i += 1;
             }
         }
         let mut caches: Vec<&mut KvCache> = batch.iter_mut().map(|s| &mut *s.cache).collect();
+        let mut sel = None;
         for (li, layer) in self.layers.iter().enumerate() {
-            let h = layer.attn_norm.forward(&x);
-            let a = match &layer.attn {
-                Attention::Gqa(att) => att.forward(&h, &rows, &mut caches, li),
-            };
-            add_into(&mut x, &a);
-            let h = layer.ffn_norm.forward(&x);
-            let f = match &layer.ffn {
-                Ffn::Dense(m) => m.forward(&h, n),
-                Ffn::Moe(m) => m.forward(&h, n),
-            };
-            add_into(&mut x, &f);
+            layer.forward(&mut x, &rows, &mut caches, li, &mut sel);
         }
         for step in batch.iter_mut() {
             step.cache.len += step.tokens.len();
         }
 
-        // Final norm and lm_head only on the rows whose logits are wanted.
-        let mut wanted: Vec<usize> = Vec::new();
+        // Final norm on the rows whose logits or hidden states are wanted, lm_head only on
+        // the former.
+        let mut normed: Vec<usize> = Vec::new();
+        let mut logit_rows: Vec<usize> = Vec::new();
         for (s, step) in batch.iter().enumerate() {
             let r = rows.seq_range(s);
-            match step.logits {
-                LogitsWanted::None => {}
-                LogitsWanted::Last => {
-                    if !r.is_empty() {
-                        wanted.push(r.end - 1)
-                    }
-                }
-                LogitsWanted::All => wanted.extend(r),
-            }
+            let lr = wanted_rows(step.logits, r.clone());
+            let hr = wanted_rows(
+                hidden.get(s).copied().unwrap_or(LogitsWanted::None),
+                r.clone(),
+            );
+            logit_rows.extend(lr.clone());
+            normed.extend(r.filter(|i| lr.contains(i) || hr.contains(i)));
         }
-        let mut hs = Vec::with_capacity(wanted.len() * hidden);
-        for &r in &wanted {
-            hs.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
+        let mut hs = Vec::with_capacity(normed.len() * width);
+        for &r in &normed {
+            hs.extend_from_slice(&x[r * width..(r + 1) * width]);
         }
         self.final_norm.apply_chunks(&mut hs);
+        let normed_row = |r: usize| {
+            let k = normed.binary_search(&r).expect("wanted rows are normed");
+            &hs[k * width..(k + 1) * width]
+        };
+        let mut head_in = Vec::with_capacity(logit_rows.len() * width);
+        for &r in &logit_rows {
+            head_in.extend_from_slice(normed_row(r));
+        }
         let v = self.vocab_size;
-        let mut logits = vec![0f32; wanted.len() * v];
-        self.lm_head.matmul(&hs, wanted.len(), &mut logits);
+        let mut logits = vec![0f32; logit_rows.len() * v];
+        self.lm_head.matmul(&head_in, logit_rows.len(), &mut logits);
         let mut out = Vec::with_capacity(batch.len());
+        let mut out_hidden = Vec::with_capacity(batch.len());
         let mut k = 0;
-        for step in batch.iter() {
-            let m = match step.logits {
-                LogitsWanted::None => 0,
-                LogitsWanted::Last => usize::from(!step.tokens.is_empty()),
-                LogitsWanted::All => step.tokens.len(),
-            };
+        for (s, step) in batch.iter().enumerate() {
+            let r = rows.seq_range(s);
+            let m = wanted_rows(step.logits, r.clone()).len();
             out.push(logits[k * v..(k + m) * v].to_vec());
             k += m;
+            let hr = wanted_rows(hidden.get(s).copied().unwrap_or(LogitsWanted::None), r);
+            let mut h = Vec::with_capacity(hr.len() * width);
+            for row in hr {
+                h.extend_from_slice(normed_row(row));
+            }
+            out_hidden.push(h);
         }
-        out
+        (out, out_hidden)
+    }
+
+    /// A cache for MTP layer `k` (one layer; the same capacity as the main cache).
+    pub fn new_mtp_cache(&self, k: usize) -> KvCache {
+        cache_for(std::iter::once(&self.mtp[k].layer), self.max_context)
+    }
+
+    /// Runs MTP layer `k` on one sequence: row `j` combines `tokens[j]` (the token at
+    /// position `cache.len + j + 1`) with `prev` row `j` (the hidden state the previous
+    /// stage produced at position `cache.len + j`) and predicts the token after `tokens[j]`.
+    /// Returns the logits of the rows `want` selects and every row's output hidden state
+    /// (the input of a further chained MTP step). The caller checks ids and room.
+    pub fn mtp_forward(
+        &self,
+        k: usize,
+        cache: &mut KvCache,
+        tokens: &[u32],
+        prev: &[f32],
+        want: LogitsWanted,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let m = &self.mtp[k];
+        let width = self.hidden_size;
+        let n = tokens.len();
+        let start = cache.len;
+        let embed = m.embed.as_ref().unwrap_or(&self.embed);
+        let mut joined = vec![0f32; n * 2 * width];
+        for (j, &t) in tokens.iter().enumerate() {
+            let row = &mut joined[j * 2 * width..(j + 1) * 2 * width];
+            // vLLM zeroes the embedding at position 0 ("not needed by MTP").
+            if start + j > 0 {
+                embed.row_to_f32(t as usize, &mut row[..width]);
+                m.enorm.apply(&mut row[..width]);
+            }
+            row[width..].copy_from_slice(&prev[j * width..(j + 1) * width]);
+            m.hnorm.apply(&mut row[width..]);
+        }
+        let mut x = vec![0f32; n * width];
+        m.eh_proj.matmul(&joined, n, &mut x);
+        let rows = BatchRows {
+            seq: vec![0; n],
+            pos: (start..start + n).collect(),
+            starts: vec![0, n],
+        };
+        let mut sel = None;
+        m.layer
+            .forward(&mut x, &rows, &mut [&mut *cache], 0, &mut sel);
+        cache.len += n;
+        let lr = wanted_rows(want, 0..n);
+        let mut hs = x[lr.start * width..lr.end * width].to_vec();
+        m.norm.apply_chunks(&mut hs);
+        let head = m.head.as_ref().unwrap_or(&self.lm_head);
+        let mut logits = vec![0f32; lr.len() * self.vocab_size];
+        head.matmul(&hs, lr.len(), &mut logits);
+        (logits, x)
     }
 }
 
@@ -233,8 +410,8 @@ pub struct CommonDims {
 
 impl CommonDims {
     pub fn read(cfg: &Cfg) -> Result<CommonDims> {
-        let hidden = cfg.dim("hidden_size")?;
-        let n_heads = cfg.dim("num_attention_heads")?;
+        let mut d = Self::read_shared(cfg)?;
+        let n_heads = d.n_heads;
         let n_kv_heads = match cfg.opt_usize("num_key_value_heads")? {
             Some(k) => k,
             None => n_heads,
@@ -245,27 +422,36 @@ impl CommonDims {
             )));
         }
         let head_dim = match cfg.opt_usize("head_dim")? {
-            Some(d) if d > 0 => d,
+            Some(h) if h > 0 => h,
             _ => {
-                if hidden % n_heads != 0 {
+                if d.hidden % n_heads != 0 {
                     return Err(cfg.err("hidden_size is not a multiple of num_attention_heads and no head_dim is given"));
                 }
-                hidden / n_heads
+                d.hidden / n_heads
             }
         };
         if head_dim % 2 != 0 {
             return Err(cfg.err(format!("head_dim {head_dim} must be even for RoPE")));
         }
+        d.n_kv_heads = n_kv_heads;
+        d.head_dim = head_dim;
+        Ok(d)
+    }
+
+    /// Everything but the GQA head layout (`n_kv_heads` = `n_heads`, `head_dim` = 0): MLA
+    /// families size their heads from their own keys (see [`mla::MlaDims`]).
+    pub fn read_shared(cfg: &Cfg) -> Result<CommonDims> {
         let act = cfg.str_or("hidden_act", "silu")?;
         if act != "silu" {
             return Err(cfg.err(format!("hidden_act '{act}' is not supported (silu is)")));
         }
+        let n_heads = cfg.dim("num_attention_heads")?;
         Ok(CommonDims {
-            hidden,
+            hidden: cfg.dim("hidden_size")?,
             n_layers: cfg.dim("num_hidden_layers")?,
             n_heads,
-            n_kv_heads,
-            head_dim,
+            n_kv_heads: n_heads,
+            head_dim: 0,
             vocab: cfg.dim("vocab_size")?,
             max_context: cfg.dim("max_position_embeddings")?,
             eps: cfg.f64_or("rms_norm_eps", 1e-6)? as f32,

@@ -23,7 +23,10 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
     let norm_topk_prob = cfg.bool_or("norm_topk_prob", false)?;
     let clip_qkv = cfg.opt_f64("clip_qkv")?.map(|c| c as f32);
     let bias = cfg.bool_or("attention_bias", false)?;
-    let ld = Loader { ckpt, family: "olmoe" };
+    let ld = Loader {
+        ckpt,
+        family: "olmoe",
+    };
 
     let mut layers = Vec::with_capacity(d.n_layers);
     for i in 0..d.n_layers {
@@ -38,17 +41,29 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
         )?;
         attn.clip_qkv = clip_qkv;
         let experts = (0..n_experts)
-            .map(|e| ld.mlp(&format!("{p}.mlp.experts.{e}"), ["gate_proj", "up_proj", "down_proj"], d.hidden, inter))
+            .map(|e| {
+                ld.mlp(
+                    &format!("{p}.mlp.experts.{e}"),
+                    ["gate_proj", "up_proj", "down_proj"],
+                    d.hidden,
+                    inter,
+                )
+            })
             .collect::<Result<Vec<_>>>()?;
         layers.push(Layer {
             attn_norm: ld.norm(&format!("{p}.input_layernorm.weight"), d.hidden, d.eps)?,
             attn: Attention::Gqa(attn),
-            ffn_norm: ld.norm(&format!("{p}.post_attention_layernorm.weight"), d.hidden, d.eps)?,
+            ffn_norm: ld.norm(
+                &format!("{p}.post_attention_layernorm.weight"),
+                d.hidden,
+                d.eps,
+            )?,
             ffn: Ffn::Moe(Moe {
                 router: ld.matrix(&format!("{p}.mlp.gate.weight"), n_experts, d.hidden)?,
                 routing: Routing::SoftmaxTopK { norm_topk_prob },
                 top_k,
                 experts,
+                shared: None,
             }),
         });
     }
@@ -62,5 +77,6 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
         layers,
         final_norm,
         lm_head,
+        mtp: Vec::new(),
     })
 }

@@ -26,13 +26,20 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
     if n_experts > 0 && (top_k == 0 || top_k > n_experts) {
         return Err(cfg.err("num_experts_per_tok must be between 1 and num_experts"));
     }
-    let moe_inter = if n_experts > 0 { cfg.dim("moe_intermediate_size")? } else { 0 };
+    let moe_inter = if n_experts > 0 {
+        cfg.dim("moe_intermediate_size")?
+    } else {
+        0
+    };
     let dense_inter = cfg.dim("intermediate_size")?;
     let sparse_step = cfg.usize_or("decoder_sparse_step", 1)?;
     let mlp_only = cfg.usize_list_or_empty("mlp_only_layers")?;
     let norm_topk_prob = cfg.bool_or("norm_topk_prob", false)?;
     let bias = cfg.bool_or("attention_bias", false)?;
-    let ld = Loader { ckpt, family: "qwen3_moe" };
+    let ld = Loader {
+        ckpt,
+        family: "qwen3_moe",
+    };
 
     let mut layers = Vec::with_capacity(d.n_layers);
     for i in 0..d.n_layers {
@@ -46,7 +53,10 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
             Rope::new(rope.theta, d.head_dim, RopeLayout::HalfSplit),
         )?;
         // Same rule as transformers' Qwen3MoeDecoderLayer.
-        let sparse = !mlp_only.contains(&i) && n_experts > 0 && sparse_step > 0 && (i + 1) % sparse_step == 0;
+        let sparse = !mlp_only.contains(&i)
+            && n_experts > 0
+            && sparse_step > 0
+            && (i + 1) % sparse_step == 0;
         let names = ["gate_proj", "up_proj", "down_proj"];
         let ffn = if sparse {
             let experts = (0..n_experts)
@@ -57,6 +67,7 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
                 routing: Routing::SoftmaxTopK { norm_topk_prob },
                 top_k,
                 experts,
+                shared: None,
             })
         } else {
             Ffn::Dense(ld.mlp(&format!("{p}.mlp"), names, d.hidden, dense_inter)?)
@@ -64,7 +75,11 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
         layers.push(Layer {
             attn_norm: ld.norm(&format!("{p}.input_layernorm.weight"), d.hidden, d.eps)?,
             attn: Attention::Gqa(attn),
-            ffn_norm: ld.norm(&format!("{p}.post_attention_layernorm.weight"), d.hidden, d.eps)?,
+            ffn_norm: ld.norm(
+                &format!("{p}.post_attention_layernorm.weight"),
+                d.hidden,
+                d.eps,
+            )?,
             ffn,
         });
     }
@@ -78,5 +93,6 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
         layers,
         final_norm,
         lm_head,
+        mtp: Vec::new(),
     })
 }

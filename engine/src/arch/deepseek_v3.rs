@@ -1,0 +1,143 @@
+//! DeepSeek-V3 / R1 (`DeepseekV3ForCausalLM`): multi-head latent attention with a latent KV
+//! cache (YaRN-scaled RoPE on the rope dims only, interleaved when `rope_interleave`), dense
+//! MLP in the first `first_k_dense_replace` layers, then MoE layers with the sigmoid
+//! group-limited router and shared experts; MTP layers after the last decoder layer.
+//!
+//! GLM-5 (`glm_moe_dsa`) is the same network plus the DSA indexer, so its builder reuses
+//! [`build_mla_family`].
+
+use super::blocks::{Loader, RopeLayout};
+use super::config::{Cfg, RopeParams};
+use super::dsa::DsaIndexer;
+use super::mla::{MlaAttention, MlaDims};
+use super::moe::SigmoidMoeSpec;
+use super::{mtp, Attention, CommonDims, Ffn, Layer, Network};
+use crate::container::Checkpoint;
+use crate::error::Result;
+
+/// The DSA indexer settings of a GLM-5 style config.
+#[derive(Clone, Debug)]
+pub struct DsaSpec {
+    pub n_heads: usize,
+    pub head_dim: usize,
+    pub topk: usize,
+    /// Per decoder layer: runs its own indexer (`true`, "full") or reuses the previous
+    /// layer's selection ("shared"). Layers past the list (MTP) run their own.
+    pub full: Vec<bool>,
+}
+
+/// What distinguishes the MLA families from one another.
+pub struct MlaFamily {
+    pub name: &'static str,
+    pub rope_layout: RopeLayout,
+    pub dsa: Option<DsaSpec>,
+    /// Per decoder layer: MoE (`true`) or dense; layers past the list use
+    /// `first_k_dense_replace`.
+    pub sparse: Vec<bool>,
+    pub first_k_dense_replace: usize,
+}
+
+pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
+    let interleave = cfg.bool_or("rope_interleave", true)?;
+    build_mla_family(
+        ckpt,
+        cfg,
+        MlaFamily {
+            name: "deepseek_v3",
+            rope_layout: if interleave {
+                RopeLayout::Interleaved
+            } else {
+                RopeLayout::HalfSplit
+            },
+            dsa: None,
+            sparse: Vec::new(),
+            first_k_dense_replace: cfg.usize_or("first_k_dense_replace", 3)?,
+        },
+    )
+}
+
+pub fn build_mla_family(ckpt: &Checkpoint, cfg: &Cfg, fam: MlaFamily) -> Result<Network> {
+    let d = CommonDims::read_shared(cfg)?;
+    let md = MlaDims::read(cfg)?;
+    let rope_params = RopeParams::read(cfg, 10000.0)?;
+    let rope = rope_params.rope(cfg, md.rope, fam.rope_layout, d.max_context)?;
+    let scale = ((md.qk_head_dim() as f64).powf(-0.5)
+        * rope_params.mla_softmax_mscale(cfg, d.max_context)?) as f32;
+    let moe = SigmoidMoeSpec::read(cfg)?;
+    let dense_inter = cfg.dim("intermediate_size")?;
+    if let Some(dsa) = &fam.dsa {
+        if md.q_lora_rank.is_none() {
+            return Err(cfg.err("the DSA indexer needs q_lora_rank (it reads the q latent)"));
+        }
+        if dsa.head_dim < md.rope || dsa.topk == 0 {
+            return Err(cfg.err(format!(
+                "index_head_dim ({}) must be at least qk_rope_head_dim ({}) and index_topk positive",
+                dsa.head_dim, md.rope
+            )));
+        }
+        if dsa.full.first() == Some(&false) {
+            return Err(cfg.err("indexer_types[0] is 'shared' but no earlier layer has an indexer"));
+        }
+    }
+    let ld = Loader {
+        ckpt,
+        family: fam.name,
+    };
+    let names = ["gate_proj", "up_proj", "down_proj"];
+    let layer = |i: usize, p: &str| -> Result<Layer> {
+        let mut attn =
+            MlaAttention::load(&ld, &format!("{p}.self_attn"), &md, rope.clone(), scale)?;
+        if let Some(dsa) = &fam.dsa {
+            if dsa.full.get(i).copied().unwrap_or(true) {
+                attn.indexer = Some(DsaIndexer::load(
+                    &ld,
+                    &format!("{p}.self_attn.indexer"),
+                    d.hidden,
+                    md.q_lora_rank.unwrap_or_default(),
+                    dsa.n_heads,
+                    dsa.head_dim,
+                    md.rope,
+                    dsa.topk,
+                )?);
+            } else {
+                attn.shares_selection = true;
+            }
+        }
+        let sparse = fam
+            .sparse
+            .get(i)
+            .copied()
+            .unwrap_or(i >= fam.first_k_dense_replace);
+        let ffn = if sparse {
+            Ffn::Moe(moe.load(&ld, &format!("{p}.mlp"), d.hidden)?)
+        } else {
+            Ffn::Dense(ld.mlp(&format!("{p}.mlp"), names, d.hidden, dense_inter)?)
+        };
+        Ok(Layer {
+            attn_norm: ld.norm(&format!("{p}.input_layernorm.weight"), d.hidden, d.eps)?,
+            attn: Attention::Mla(attn),
+            ffn_norm: ld.norm(
+                &format!("{p}.post_attention_layernorm.weight"),
+                d.hidden,
+                d.eps,
+            )?,
+            ffn,
+        })
+    };
+    let layers = (0..d.n_layers)
+        .map(|i| layer(i, &format!("model.layers.{i}")))
+        .collect::<Result<Vec<_>>>()?;
+    let mtp = mtp::load(&ld, cfg, &d, &layer)?;
+    let (embed, final_norm, lm_head) = d.embeddings(&ld)?;
+    Ok(Network {
+        model_type: fam.name.into(),
+        vocab_size: d.vocab,
+        hidden_size: d.hidden,
+        max_context: d.max_context,
+        embed,
+        layers,
+        final_norm,
+        lm_head,
+        mtp,
+    })
+}

@@ -1,1 +1,5 @@
-fn main() { eprintln!("colibrid: not built yet"); std::process::exit(2); }
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    colibri_daemon::server::main()
+}

@@ -10,3 +10,56 @@ pub mod v1 {
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         include_bytes!(concat!(env!("OUT_DIR"), "/colibri_v1_descriptor.bin"));
 }
+
+/// Connecting a [`v1::colibri_client::ColibriClient`] to colibrid's local endpoint (a Unix
+/// socket path, or a named pipe name on Windows).
+pub mod connect {
+    use crate::v1::colibri_client::ColibriClient;
+    use std::path::{Path, PathBuf};
+    use tonic::transport::{Channel, Endpoint, Uri};
+
+    /// A channel to the daemon at `path`. Connects now, so an absent daemon is an error here
+    /// (not at the first call).
+    pub async fn channel(path: &Path) -> Result<Channel, tonic::transport::Error> {
+        let path: PathBuf = path.to_path_buf();
+        // The URI is required by the HTTP/2 layer but never resolved: the connector below
+        // decides where bytes go.
+        Endpoint::from_static("http://colibrid.local")
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move { open(&path).await.map(hyper_util::rt::TokioIo::new) }
+            }))
+            .await
+    }
+
+    /// A client for the colibri.v1 service with message limits raised for Score answers
+    /// (positions × vocabulary logits).
+    pub async fn client(path: &Path) -> Result<ColibriClient<Channel>, tonic::transport::Error> {
+        Ok(ColibriClient::new(channel(path).await?)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX))
+    }
+
+    #[cfg(unix)]
+    async fn open(path: &Path) -> std::io::Result<tokio::net::UnixStream> {
+        tokio::net::UnixStream::connect(path).await
+    }
+
+    #[cfg(windows)]
+    async fn open(
+        path: &Path,
+    ) -> std::io::Result<tokio::net::windows::named_pipe::NamedPipeClient> {
+        use tokio::net::windows::named_pipe::ClientOptions;
+        const ERROR_PIPE_BUSY: i32 = 231;
+        loop {
+            match ClientOptions::new().open(path) {
+                Ok(c) => return Ok(c),
+                // Every instance is taken for a moment; the server creates the next one.
+                Err(e) if e.raw_os_error() == Some(ERROR_PIPE_BUSY) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}

@@ -1,0 +1,1085 @@
+//! The engine thread: one per loaded model, the only place the daemon runs model code.
+//!
+//! gRPC handlers send [`Job`]s over a channel. Each iteration the thread takes the jobs that
+//! arrived (control jobs are answered at once, between steps), then builds ONE batch:
+//! the decode row of every live generation plus at most one prefill chunk (a new prompt, a
+//! session's pending tokens, or a Score request), and runs `Model::forward` once for all of
+//! them, so experts are fetched once per step for everybody and a long prompt never stalls
+//! the others for more than one chunk. Results go back through per-request channels; a
+//! request whose channel closed (client gone) is cancelled before the next step.
+//!
+//! Sessions (KV cache + token history + chat messages) live here too. Invariant of a
+//! session: `tokens[..cache.len]` are exactly the positions in its cache; tokens after that
+//! (the last sampled token, or a prompt cut short by a cancel) are fed first next turn.
+
+use crate::convert::{self, now_unix_ms, status_from_engine};
+use crate::snapshot::{self, SessionMeta, SnapshotError, SnapshotMessage};
+use crate::state::{self, StateDir};
+use colibri_engine::text::ChatMessage;
+use colibri_engine::{
+    FinishReason, GenerateRequest, Generation, KvCache, LogitsWanted, Model, SamplingParams,
+    SeqStep,
+};
+use colibri_proto::v1 as pb;
+use pb::generate_event::{Event, Finished, Started, Tokens};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+use tonic::Status;
+
+pub type EventSender = mpsc::UnboundedSender<Result<pb::GenerateEvent, Status>>;
+
+pub enum GenInput {
+    Ids(Vec<u32>),
+    /// Raw text; `add_special` absent = add the tokenizer's special tokens only when the
+    /// sequence is empty.
+    Text {
+        text: String,
+        add_special: Option<bool>,
+    },
+    /// Chat messages (with a session: this turn's new messages).
+    Chat(Vec<ChatMessage>),
+}
+
+pub struct GenJob {
+    pub request_id: String,
+    pub session_id: Option<String>,
+    pub input: GenInput,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub ignore_eos: bool,
+    pub return_logits: bool,
+    pub events: EventSender,
+    pub arrived: Instant,
+}
+
+pub struct ScoreJob {
+    pub ids: Vec<u32>,
+    pub argmax_only: bool,
+    pub reply: oneshot::Sender<Result<pb::ScoreResponse, Status>>,
+}
+
+pub enum Job {
+    Generate(GenJob),
+    Score(ScoreJob),
+    CreateSession {
+        id: String,
+        reply: oneshot::Sender<Result<pb::SessionInfo, Status>>,
+    },
+    ResumeSession {
+        id: String,
+        reply: oneshot::Sender<Result<pb::ResumeSessionResponse, Status>>,
+    },
+    DeleteSession {
+        id: String,
+        reply: oneshot::Sender<Result<(), Status>>,
+    },
+    Cancel {
+        request_id: String,
+        session_id: String,
+        reply: oneshot::Sender<u32>,
+    },
+    /// Cancel everything, snapshot every session, save pins, stop the thread.
+    Unload {
+        reply: oneshot::Sender<pb::UnloadModelResponse>,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Generations stepped together at most; more wait in the queue.
+    pub max_batch: usize,
+    /// Prompt tokens per step while other sequences are decoding.
+    pub prefill_chunk: usize,
+    /// Prompt tokens per step when nothing else is decoding.
+    pub solo_prefill_chunk: usize,
+    /// A session idle this long is snapshotted to disk.
+    pub session_save_after: Duration,
+}
+
+/// What the engine thread publishes for Status/ListSessions after every iteration, so the
+/// async side never waits for a step to finish.
+#[derive(Clone, Debug, Default)]
+pub struct Published {
+    pub active: u32,
+    pub queued: u32,
+    pub sessions: Vec<pb::SessionInfo>,
+    pub kv_bytes: u64,
+    pub steps: u64,
+    pub tokens_generated: u64,
+    pub tokens_prefilled: u64,
+    /// Since when nothing has run (None while busy).
+    pub idle_since: Option<Instant>,
+}
+
+/// State shared between a model's engine thread and the async side.
+pub struct EngineShared {
+    /// Generate/Chat/Score jobs accepted and not finished (admission control).
+    pub outstanding: AtomicUsize,
+    pub published: Mutex<Published>,
+    /// Pinned experts (layer, expert); persisted on unload.
+    pub pins: Mutex<BTreeSet<(u32, u32)>>,
+}
+
+impl EngineShared {
+    pub fn new(pins: impl IntoIterator<Item = (u32, u32)>) -> EngineShared {
+        EngineShared {
+            outstanding: AtomicUsize::new(0),
+            published: Mutex::new(Published {
+                idle_since: Some(Instant::now()),
+                ..Default::default()
+            }),
+            pins: Mutex::new(pins.into_iter().collect()),
+        }
+    }
+}
+
+struct Session {
+    id: String,
+    tokens: Vec<u32>,
+    /// None while a generation holds it.
+    cache: Option<KvCache>,
+    /// `cache.len` while the cache is lent out (for listings).
+    cached_len: usize,
+    kv_bytes: usize,
+    messages: Vec<ChatMessage>,
+    created_ms: i64,
+    last_used_ms: i64,
+    last_used: Instant,
+    /// Request id of the generation using the session.
+    busy: Option<String>,
+    /// The snapshot on disk is current.
+    persisted: bool,
+}
+
+struct GenRow {
+    gen: Generation,
+    request_id: String,
+    session: Option<String>,
+    /// The sequence before generation: cached prefix plus everything fed this request.
+    full: Vec<u32>,
+    prompt_left: usize,
+    events: EventSender,
+    return_logits: bool,
+    /// The whole conversation for a Chat request (the session's messages plus this turn's).
+    chat: Option<Vec<ChatMessage>>,
+    reply_text: String,
+    prompt_tokens: usize,
+    cached_tokens: usize,
+    arrived: Instant,
+    admitted: Option<Instant>,
+    first_token: Option<Instant>,
+}
+
+struct ScoreRow {
+    cache: KvCache,
+    ids: Vec<u32>,
+    fed: usize,
+    logits: Vec<f32>,
+    argmax_only: bool,
+    reply: Option<oneshot::Sender<Result<pb::ScoreResponse, Status>>>,
+}
+
+enum Row {
+    Gen(Box<GenRow>),
+    Score(ScoreRow),
+}
+
+impl Row {
+    fn cache_mut(&mut self) -> &mut KvCache {
+        match self {
+            Row::Gen(g) => &mut g.gen.cache,
+            Row::Score(s) => &mut s.cache,
+        }
+    }
+    fn is_decode(&self) -> bool {
+        matches!(self, Row::Gen(g) if g.prompt_left == 0)
+    }
+}
+
+enum Outcome {
+    Continue,
+    Finished(FinishReason),
+    Failed(Status),
+}
+
+pub struct Engine {
+    id: String,
+    model: Arc<Model>,
+    rx: Receiver<Job>,
+    shared: Arc<EngineShared>,
+    state: StateDir,
+    cfg: EngineConfig,
+    sessions: HashMap<String, Session>,
+    active: Vec<Row>,
+    waiting: VecDeque<Row>,
+    steps: u64,
+    tokens_generated: u64,
+    tokens_prefilled: u64,
+    idle_since: Option<Instant>,
+}
+
+/// How often an idle engine thread wakes up to snapshot idle sessions.
+const IDLE_TICK: Duration = Duration::from_millis(500);
+
+impl Engine {
+    pub fn new(
+        id: String,
+        model: Arc<Model>,
+        rx: Receiver<Job>,
+        shared: Arc<EngineShared>,
+        state: StateDir,
+        cfg: EngineConfig,
+    ) -> Engine {
+        Engine {
+            id,
+            model,
+            rx,
+            shared,
+            state,
+            cfg,
+            sessions: HashMap::new(),
+            active: Vec::new(),
+            waiting: VecDeque::new(),
+            steps: 0,
+            tokens_generated: 0,
+            tokens_prefilled: 0,
+            idle_since: Some(Instant::now()),
+        }
+    }
+
+    /// The thread's body: runs until an Unload job or until every job sender is gone.
+    pub fn run(mut self) {
+        let mut unload_reply = None;
+        'outer: loop {
+            if self.active.is_empty() && self.waiting.is_empty() {
+                match self.rx.recv_timeout(IDLE_TICK) {
+                    Ok(job) => {
+                        if let Some(r) = self.handle(job) {
+                            unload_reply = Some(r);
+                            break 'outer;
+                        }
+                    }
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.save_idle_sessions();
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break 'outer,
+                }
+            }
+            while let Ok(job) = self.rx.try_recv() {
+                if let Some(r) = self.handle(job) {
+                    unload_reply = Some(r);
+                    break 'outer;
+                }
+            }
+            self.drop_abandoned();
+            self.admit();
+            if !self.active.is_empty() {
+                self.idle_since = None;
+                self.step();
+            } else if self.idle_since.is_none() {
+                self.idle_since = Some(Instant::now());
+            }
+            self.publish();
+        }
+        let resp = self.unload();
+        if let Some(r) = unload_reply {
+            let _ = r.send(resp);
+        }
+    }
+
+    /// Handles one job; returns the reply channel of an Unload job.
+    fn handle(&mut self, job: Job) -> Option<oneshot::Sender<pb::UnloadModelResponse>> {
+        match job {
+            Job::Generate(g) => {
+                let events = g.events.clone();
+                match self.prepare(g) {
+                    Ok(row) => self.waiting.push_back(Row::Gen(Box::new(row))),
+                    Err(st) => {
+                        let _ = events.send(Err(st));
+                        self.shared.outstanding.fetch_sub(1, Ordering::SeqCst);
+                    }
+                }
+            }
+            Job::Score(s) => {
+                let check = if s.ids.is_empty() {
+                    Err(convert::invalid("ids", "is empty"))
+                } else {
+                    self.model
+                        .check_tokens(0, &s.ids, "ids")
+                        .map_err(|e| status_from_engine(&e))
+                };
+                match check {
+                    Ok(()) => self.waiting.push_back(Row::Score(ScoreRow {
+                        cache: self.model.new_cache(),
+                        ids: s.ids,
+                        fed: 0,
+                        logits: Vec::new(),
+                        argmax_only: s.argmax_only,
+                        reply: Some(s.reply),
+                    })),
+                    Err(st) => {
+                        let _ = s.reply.send(Err(st));
+                        self.shared.outstanding.fetch_sub(1, Ordering::SeqCst);
+                    }
+                }
+            }
+            Job::CreateSession { id, reply } => {
+                let _ = reply.send(self.create_session(id));
+            }
+            Job::ResumeSession { id, reply } => {
+                let model_id = self.id.clone();
+                let r = self
+                    .session(&id)
+                    .map(|(s, from_disk)| pb::ResumeSessionResponse {
+                        session: Some(session_info(&model_id, s)),
+                        messages: convert::pb_messages(&s.messages),
+                        restored_from_disk: from_disk,
+                    });
+                let _ = reply.send(r);
+            }
+            Job::DeleteSession { id, reply } => {
+                let _ = reply.send(self.delete_session(&id));
+            }
+            Job::Cancel {
+                request_id,
+                session_id,
+                reply,
+            } => {
+                let mut n = 0;
+                for row in self.active.iter_mut().chain(self.waiting.iter_mut()) {
+                    if let Row::Gen(g) = row {
+                        let hit = (!request_id.is_empty() && g.request_id == request_id)
+                            || (!session_id.is_empty()
+                                && g.session.as_deref() == Some(&session_id));
+                        if hit && g.gen.finished().is_none() {
+                            g.gen.cancel();
+                            n += 1;
+                        }
+                    }
+                }
+                // Cancelled rows are finished by the next `drop_abandoned`.
+                let _ = reply.send(n);
+            }
+            Job::Unload { reply } => return Some(reply),
+        }
+        None
+    }
+
+    fn create_session(&mut self, id: String) -> Result<pb::SessionInfo, Status> {
+        if self.sessions.contains_key(&id) || self.state.session_path(&id).exists() {
+            return Err(Status::already_exists(format!(
+                "session '{id}' already exists"
+            )));
+        }
+        let now = now_unix_ms();
+        let s = Session {
+            id: id.clone(),
+            tokens: Vec::new(),
+            cache: Some(self.model.new_cache()),
+            cached_len: 0,
+            kv_bytes: 0,
+            messages: Vec::new(),
+            created_ms: now,
+            last_used_ms: now,
+            last_used: Instant::now(),
+            busy: None,
+            persisted: false,
+        };
+        let info = session_info(&self.id, &s);
+        self.sessions.insert(id, s);
+        Ok(info)
+    }
+
+    fn delete_session(&mut self, id: &str) -> Result<(), Status> {
+        if let Some(s) = self.sessions.get(id) {
+            if let Some(r) = &s.busy {
+                return Err(Status::failed_precondition(format!(
+                    "session '{id}' is generating (request {r}); cancel it first"
+                )));
+            }
+        }
+        let live = self.sessions.remove(id).is_some();
+        let path = self.state.session_path(id);
+        let on_disk = match std::fs::remove_file(&path) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(Status::internal(format!("{}: {e}", path.display()))),
+        };
+        if live || on_disk {
+            Ok(())
+        } else {
+            Err(Status::not_found(format!("no session '{id}'")))
+        }
+    }
+
+    /// A live session, restored from its snapshot when needed. The bool says whether it
+    /// came from disk just now.
+    fn session(&mut self, id: &str) -> Result<(&mut Session, bool), Status> {
+        let mut from_disk = false;
+        if !self.sessions.contains_key(id) {
+            let path = self.state.session_path(id);
+            if !path.exists() {
+                return Err(Status::not_found(format!("no session '{id}'")));
+            }
+            match snapshot::load(&path, &self.id, &self.model.new_cache()) {
+                Ok((meta, kv)) => {
+                    if meta.vocab_size != self.model.info.vocab_size {
+                        return Err(
+                            self.damaged(&path, "vocabulary size differs from the model's".into())
+                        );
+                    }
+                    let s = Session {
+                        id: id.to_string(),
+                        cached_len: kv.len,
+                        kv_bytes: kv.size_bytes(),
+                        tokens: meta.tokens,
+                        cache: Some(kv),
+                        messages: meta
+                            .messages
+                            .into_iter()
+                            .map(|m| ChatMessage {
+                                role: m.role,
+                                content: m.content,
+                            })
+                            .collect(),
+                        created_ms: meta.created_unix_ms,
+                        last_used_ms: meta.last_used_unix_ms,
+                        last_used: Instant::now(),
+                        busy: None,
+                        persisted: true,
+                    };
+                    tracing::info!(
+                        "session {id}: restored {} cached positions from {}",
+                        s.cached_len,
+                        path.display()
+                    );
+                    self.sessions.insert(id.to_string(), s);
+                    from_disk = true;
+                }
+                Err(SnapshotError::Damaged(msg)) => return Err(self.damaged(&path, msg)),
+                Err(SnapshotError::Io(e)) => {
+                    return Err(Status::unavailable(format!("{}: {e}", path.display())))
+                }
+            }
+        }
+        Ok((
+            self.sessions.get_mut(id).expect("inserted above"),
+            from_disk,
+        ))
+    }
+
+    /// Sets a damaged snapshot aside and describes it for the client.
+    fn damaged(&self, path: &std::path::Path, msg: String) -> Status {
+        let aside = state::set_aside(path)
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|e| format!("(could not move it aside: {e})"));
+        tracing::warn!("{}: {msg}; moved to {aside}", path.display());
+        Status::data_loss(format!(
+            "the snapshot of this session is damaged ({msg}); it was moved aside to {aside}"
+        ))
+    }
+
+    /// Validates a Generate/Chat job and turns it into a row; sends Started on success.
+    fn prepare(&mut self, job: GenJob) -> Result<GenRow, Status> {
+        let model = Arc::clone(&self.model);
+        let model_id = self.id.clone();
+        let text = || {
+            model.text.as_ref().ok_or_else(|| {
+                Status::failed_precondition(format!(
+                    "model {model_id} has no tokenizer.json: send token ids (prompt_ids) instead"
+                ))
+            })
+        };
+        let (cache, base_len, full, chat) = match &job.session_id {
+            None => {
+                let feed = match &job.input {
+                    GenInput::Ids(v) => v.clone(),
+                    GenInput::Text {
+                        text: t,
+                        add_special,
+                    } => text()?
+                        .encode(t, add_special.unwrap_or(true))
+                        .map_err(|e| status_from_engine(&e))?,
+                    GenInput::Chat(msgs) => encode_chat(text()?, msgs)?,
+                };
+                let chat = match &job.input {
+                    GenInput::Chat(m) => Some(m.clone()),
+                    _ => None,
+                };
+                (self.model.new_cache(), 0, feed, chat)
+            }
+            Some(sid) => {
+                let (s, _) = self.session(sid)?;
+                if let Some(r) = &s.busy {
+                    return Err(Status::failed_precondition(format!(
+                        "session '{sid}' is already generating (request {r}); cancel it or wait"
+                    )));
+                }
+                let mut cache = s.cache.take().expect("an idle session holds its cache");
+                let result = (|| match &job.input {
+                    GenInput::Ids(v) => Ok((cache.len, [&s.tokens[..], v].concat(), None)),
+                    GenInput::Text {
+                        text: t,
+                        add_special,
+                    } => {
+                        let ids = text()?
+                            .encode(t, add_special.unwrap_or(s.tokens.is_empty()))
+                            .map_err(|e| status_from_engine(&e))?;
+                        Ok((cache.len, [&s.tokens[..], &ids].concat(), None))
+                    }
+                    GenInput::Chat(new) => {
+                        let all: Vec<ChatMessage> = s.messages.iter().chain(new).cloned().collect();
+                        let ids = encode_chat(text()?, &all)?;
+                        // Reuse the cached prefix the re-rendered conversation shares with
+                        // the history; at least one token must be fed to get logits.
+                        let common = s
+                            .tokens
+                            .iter()
+                            .zip(&ids)
+                            .take_while(|(a, b)| a == b)
+                            .count()
+                            .min(cache.len)
+                            .min(ids.len().saturating_sub(1));
+                        cache.truncate(common);
+                        Ok((common, ids, Some(all)))
+                    }
+                })();
+                match result {
+                    Ok((base_len, full, chat)) => {
+                        s.cached_len = cache.len;
+                        (cache, base_len, full, chat)
+                    }
+                    Err(e) => {
+                        s.cache = Some(cache);
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        let feed = full[base_len..].to_vec();
+        if feed.is_empty() {
+            self.give_back(&job.session_id, cache);
+            return Err(convert::invalid(
+                "prompt",
+                "is empty (and the session has no pending token to continue from)",
+            ));
+        }
+        let req = GenerateRequest {
+            prompt: feed.clone(),
+            max_tokens: job.max_tokens,
+            sampling: job.sampling.clone(),
+            stop_strings: job.stop.clone(),
+            ignore_eos: job.ignore_eos,
+        };
+        let gen = match checked_generation(&self.model, cache, req) {
+            Ok(g) => g,
+            Err((e, cache)) => {
+                self.give_back(&job.session_id, cache);
+                return Err(status_from_engine(&e));
+            }
+        };
+        if let Some(sid) = &job.session_id {
+            let s = self.sessions.get_mut(sid).expect("looked up above");
+            s.busy = Some(job.request_id.clone());
+        }
+        let started = pb::GenerateEvent {
+            event: Some(Event::Started(Started {
+                request_id: job.request_id.clone(),
+                model: self.id.clone(),
+                session_id: job.session_id.clone().unwrap_or_default(),
+                prompt_tokens: feed.len() as u32,
+            })),
+        };
+        let _ = job.events.send(Ok(started));
+        Ok(GenRow {
+            gen,
+            request_id: job.request_id,
+            session: job.session_id,
+            prompt_left: feed.len(),
+            prompt_tokens: feed.len(),
+            cached_tokens: base_len,
+            full,
+            events: job.events,
+            return_logits: job.return_logits,
+            chat,
+            reply_text: String::new(),
+            arrived: job.arrived,
+            admitted: None,
+            first_token: None,
+        })
+    }
+
+    fn give_back(&mut self, session: &Option<String>, cache: KvCache) {
+        if let Some(s) = session.as_ref().and_then(|id| self.sessions.get_mut(id)) {
+            s.cached_len = cache.len;
+            s.cache = Some(cache);
+        }
+    }
+
+    /// Finishes rows whose client went away or that were cancelled.
+    fn drop_abandoned(&mut self) {
+        let mut i = 0;
+        while i < self.active.len() {
+            let gone = match &mut self.active[i] {
+                Row::Gen(g) => {
+                    if g.events.is_closed() {
+                        g.gen.cancel();
+                    }
+                    g.gen.finished().is_some()
+                }
+                Row::Score(s) => s.reply.as_ref().is_none_or(|r| r.is_closed()),
+            };
+            if gone {
+                let row = self.active.remove(i);
+                self.finish_row(row, Outcome::Finished(FinishReason::Cancelled));
+            } else {
+                i += 1;
+            }
+        }
+        let mut j = 0;
+        while j < self.waiting.len() {
+            let gone = match &mut self.waiting[j] {
+                Row::Gen(g) => g.events.is_closed() || g.gen.finished().is_some(),
+                Row::Score(s) => s.reply.as_ref().is_none_or(|r| r.is_closed()),
+            };
+            if gone {
+                let row = self.waiting.remove(j).expect("index checked");
+                self.finish_row(row, Outcome::Finished(FinishReason::Cancelled));
+            } else {
+                j += 1;
+            }
+        }
+    }
+
+    fn admit(&mut self) {
+        while self.active.len() < self.cfg.max_batch.max(1) {
+            let Some(mut row) = self.waiting.pop_front() else {
+                break;
+            };
+            if let Row::Gen(g) = &mut row {
+                g.admitted = Some(Instant::now());
+            }
+            self.active.push(row);
+        }
+    }
+
+    /// One batched forward step over the active rows.
+    fn step(&mut self) {
+        let decoding = self.active.iter().any(Row::is_decode);
+        let chunk = if decoding {
+            self.cfg.prefill_chunk
+        } else {
+            self.cfg.solo_prefill_chunk
+        }
+        .max(1);
+        // (row index, tokens, logits wanted): every decode row, plus the first row (in
+        // arrival order) that still has prompt to feed.
+        let mut picked: Vec<(usize, Vec<u32>, LogitsWanted)> = Vec::new();
+        let mut prefill_taken = false;
+        for (i, row) in self.active.iter().enumerate() {
+            match row {
+                Row::Gen(g) if g.prompt_left == 0 => {
+                    let (t, w) = g.gen.next_input(chunk);
+                    picked.push((i, t.to_vec(), w));
+                }
+                Row::Gen(g) if !prefill_taken => {
+                    prefill_taken = true;
+                    let (t, w) = g.gen.next_input(chunk);
+                    picked.push((i, t.to_vec(), w));
+                }
+                Row::Score(s) if !prefill_taken => {
+                    prefill_taken = true;
+                    let n = chunk.min(s.ids.len() - s.fed);
+                    picked.push((i, s.ids[s.fed..s.fed + n].to_vec(), LogitsWanted::All));
+                }
+                _ => {}
+            }
+        }
+        if picked.is_empty() {
+            return;
+        }
+        let model = Arc::clone(&self.model);
+        let result = {
+            let mut steps = Vec::with_capacity(picked.len());
+            let mut want = picked.iter().peekable();
+            for (i, row) in self.active.iter_mut().enumerate() {
+                if let Some((j, tokens, logits)) = want.peek() {
+                    if *j == i {
+                        steps.push(SeqStep {
+                            cache: row.cache_mut(),
+                            tokens,
+                            logits: *logits,
+                        });
+                        want.next();
+                    }
+                }
+            }
+            // A bug in a kernel must not take the daemon down: the rows of this batch fail,
+            // everyone else carries on.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model.forward(&mut steps)))
+        };
+        self.steps += 1;
+        let out = match result {
+            Ok(Ok(out)) => out,
+            Ok(Err(e)) => return self.fail_rows(&picked, status_from_engine(&e)),
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "unknown panic".into());
+                tracing::error!("model {}: forward step panicked: {msg}", self.id);
+                return self.fail_rows(&picked, Status::internal(format!("engine failure: {msg}")));
+            }
+        };
+        let mut outcomes: Vec<(usize, Outcome)> = Vec::new();
+        for ((i, tokens, want), logits) in picked.iter().zip(out) {
+            let outcome = match &mut self.active[*i] {
+                Row::Gen(g) => {
+                    let prefill = g.prompt_left > 0;
+                    if prefill {
+                        g.prompt_left -= tokens.len().min(g.prompt_left);
+                        self.tokens_prefilled += tokens.len() as u64;
+                    }
+                    let l = (*want != LogitsWanted::None).then_some(logits.as_slice());
+                    match g.gen.accept(&model, tokens.len(), l) {
+                        Err(e) => Outcome::Failed(status_from_engine(&e)),
+                        Ok(ev) => {
+                            if let Some(t) = ev.token {
+                                self.tokens_generated += 1;
+                                g.first_token.get_or_insert_with(Instant::now);
+                                g.reply_text.push_str(&ev.text);
+                                let msg = pb::GenerateEvent {
+                                    event: Some(Event::Tokens(Tokens {
+                                        ids: vec![t],
+                                        text: ev.text,
+                                        logits: if g.return_logits { logits } else { Vec::new() },
+                                    })),
+                                };
+                                if g.events.send(Ok(msg)).is_err() {
+                                    g.gen.cancel();
+                                }
+                            }
+                            match ev.finished.or(g.gen.finished()) {
+                                Some(r) => Outcome::Finished(r),
+                                None => Outcome::Continue,
+                            }
+                        }
+                    }
+                }
+                Row::Score(s) => {
+                    s.fed += tokens.len();
+                    s.logits.extend_from_slice(&logits);
+                    self.tokens_prefilled += tokens.len() as u64;
+                    if s.fed == s.ids.len() {
+                        Outcome::Finished(FinishReason::Length)
+                    } else {
+                        Outcome::Continue
+                    }
+                }
+            };
+            if !matches!(outcome, Outcome::Continue) {
+                outcomes.push((*i, outcome));
+            }
+        }
+        // Remove from the back so earlier indices stay valid.
+        for (i, outcome) in outcomes.into_iter().rev() {
+            let row = self.active.remove(i);
+            self.finish_row(row, outcome);
+        }
+    }
+
+    fn fail_rows(&mut self, picked: &[(usize, Vec<u32>, LogitsWanted)], st: Status) {
+        for (i, _, _) in picked.iter().rev() {
+            let row = self.active.remove(*i);
+            self.finish_row(row, Outcome::Failed(st.clone()));
+        }
+    }
+
+    /// Sends a row's last message and returns its cache to its session.
+    fn finish_row(&mut self, row: Row, outcome: Outcome) {
+        self.shared.outstanding.fetch_sub(1, Ordering::SeqCst);
+        match row {
+            Row::Score(mut s) => {
+                let Some(reply) = s.reply.take() else { return };
+                let r = match outcome {
+                    Outcome::Failed(st) => Err(st),
+                    Outcome::Finished(FinishReason::Cancelled) => {
+                        Err(Status::cancelled("score request cancelled"))
+                    }
+                    _ => {
+                        let vocab = self.model.info.vocab_size;
+                        let argmax = s
+                            .logits
+                            .chunks(vocab)
+                            .map(colibri_engine::sample::argmax)
+                            .collect();
+                        Ok(pb::ScoreResponse {
+                            positions: s.ids.len() as u32,
+                            vocab_size: vocab as u32,
+                            argmax,
+                            logits: if s.argmax_only { Vec::new() } else { s.logits },
+                        })
+                    }
+                };
+                let _ = reply.send(r);
+            }
+            Row::Gen(g) => {
+                let g = *g;
+                let now = Instant::now();
+                let generated = g.gen.generated().to_vec();
+                let reason = match &outcome {
+                    Outcome::Finished(r) => Some(*r),
+                    Outcome::Failed(st) => {
+                        let _ = g.events.send(Err(st.clone()));
+                        None
+                    }
+                    Outcome::Continue => unreachable!("finish_row is called for finished rows"),
+                };
+                if let Some(reason) = reason {
+                    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+                    let per_s = |n: usize, d: Duration| {
+                        if d.is_zero() {
+                            0.0
+                        } else {
+                            n as f64 / d.as_secs_f64()
+                        }
+                    };
+                    let admitted = g.admitted.unwrap_or(now);
+                    let first = g.first_token;
+                    let stats = pb::GenerationStats {
+                        prompt_tokens: g.prompt_tokens as u32,
+                        cached_tokens: g.cached_tokens as u32,
+                        generated_tokens: generated.len() as u32,
+                        prefill_tokens_per_second: first
+                            .map(|f| per_s(g.prompt_tokens, f - admitted))
+                            .unwrap_or(0.0),
+                        decode_tokens_per_second: first
+                            .map(|f| per_s(generated.len().saturating_sub(1), now - f))
+                            .unwrap_or(0.0),
+                        time_to_first_token_ms: first.map(|f| ms(f - g.arrived)).unwrap_or(0.0),
+                        queue_ms: ms(admitted.saturating_duration_since(g.arrived)),
+                        total_ms: ms(now - g.arrived),
+                        expert_cache_hit_rate: 0.0,
+                    };
+                    let _ = g.events.send(Ok(pb::GenerateEvent {
+                        event: Some(Event::Finished(Finished {
+                            reason: convert::finish_reason(reason) as i32,
+                            stats: Some(stats),
+                            session_id: g.session.clone().unwrap_or_default(),
+                        })),
+                    }));
+                }
+                let Some(sid) = g.session else { return };
+                let Some(s) = self.sessions.get_mut(&sid) else {
+                    return;
+                };
+                let mut tokens = g.full;
+                tokens.extend_from_slice(&generated);
+                let cache = g.gen.into_cache();
+                s.cached_len = cache.len;
+                s.kv_bytes = cache.size_bytes();
+                s.cache = Some(cache);
+                s.tokens = tokens;
+                if let Some(mut msgs) = g.chat {
+                    msgs.push(ChatMessage {
+                        role: "assistant".into(),
+                        content: g.reply_text,
+                    });
+                    s.messages = msgs;
+                }
+                s.busy = None;
+                s.persisted = false;
+                s.last_used = now;
+                s.last_used_ms = now_unix_ms();
+            }
+        }
+    }
+
+    fn save_session(&mut self, id: &str) {
+        let Some(s) = self.sessions.get_mut(id) else {
+            return;
+        };
+        let Some(cache) = &s.cache else { return };
+        let meta = SessionMeta {
+            id: s.id.clone(),
+            model: self.id.clone(),
+            model_type: self.model.info.model_type.clone(),
+            vocab_size: self.model.info.vocab_size,
+            created_unix_ms: s.created_ms,
+            last_used_unix_ms: s.last_used_ms,
+            tokens: s.tokens.clone(),
+            messages: s
+                .messages
+                .iter()
+                .map(|m| SnapshotMessage {
+                    role: m.role.clone(),
+                    content: m.content.clone(),
+                })
+                .collect(),
+        };
+        let path = self.state.session_path(id);
+        let t = Instant::now();
+        match snapshot::save(&path, &meta, cache) {
+            Ok(()) => {
+                s.persisted = true;
+                tracing::info!(
+                    "session {id}: saved {} positions ({} bytes of KV) in {:.1} ms",
+                    cache.len,
+                    cache.size_bytes(),
+                    t.elapsed().as_secs_f64() * 1e3
+                );
+            }
+            Err(e) => tracing::error!("session {id}: cannot save {}: {e}", path.display()),
+        }
+    }
+
+    fn save_idle_sessions(&mut self) {
+        let due: Vec<String> = self
+            .sessions
+            .values()
+            .filter(|s| {
+                !s.persisted
+                    && s.busy.is_none()
+                    && s.last_used.elapsed() >= self.cfg.session_save_after
+            })
+            .map(|s| s.id.clone())
+            .collect();
+        for id in due {
+            self.save_session(&id);
+        }
+    }
+
+    /// Cancels every row, saves sessions and pins.
+    fn unload(&mut self) -> pb::UnloadModelResponse {
+        for row in std::mem::take(&mut self.active)
+            .into_iter()
+            .chain(std::mem::take(&mut self.waiting))
+        {
+            self.finish_row(row, Outcome::Finished(FinishReason::Cancelled));
+        }
+        let ids: Vec<String> = self.sessions.keys().cloned().collect();
+        let mut saved = 0;
+        for id in &ids {
+            if !self.sessions[id].persisted {
+                self.save_session(id);
+            }
+            if self.sessions[id].persisted {
+                saved += 1;
+            }
+        }
+        let pins: Vec<(u32, u32)> = self
+            .shared
+            .pins
+            .lock()
+            .expect("pins lock")
+            .iter()
+            .copied()
+            .collect();
+        if let Err(e) = self.state.save_pins(&self.id, &pins) {
+            tracing::error!("model {}: cannot save pins: {e}", self.id);
+        }
+        self.publish();
+        pb::UnloadModelResponse {
+            model: self.id.clone(),
+            sessions_saved: saved,
+        }
+    }
+
+    fn publish(&self) {
+        let mut kv = 0u64;
+        for r in &self.active {
+            if let Row::Gen(g) = r {
+                kv += g.gen.cache.size_bytes() as u64;
+            }
+        }
+        let mut sessions: Vec<pb::SessionInfo> = self
+            .sessions
+            .values()
+            .map(|s| {
+                if s.busy.is_none() {
+                    kv += s.kv_bytes as u64;
+                }
+                session_info(&self.id, s)
+            })
+            .collect();
+        sessions.sort_by(|a, b| b.last_used_unix_ms.cmp(&a.last_used_unix_ms));
+        let p = Published {
+            active: self.active.len() as u32,
+            queued: self.waiting.len() as u32,
+            sessions,
+            kv_bytes: kv,
+            steps: self.steps,
+            tokens_generated: self.tokens_generated,
+            tokens_prefilled: self.tokens_prefilled,
+            idle_since: self.idle_since,
+        };
+        *self.shared.published.lock().expect("published lock") = p;
+    }
+}
+
+fn session_info(model_id: &str, s: &Session) -> pb::SessionInfo {
+    let (cached, kv) = match &s.cache {
+        Some(c) => (c.len, c.size_bytes()),
+        None => (s.cached_len, s.kv_bytes),
+    };
+    pb::SessionInfo {
+        id: s.id.clone(),
+        model: model_id.to_string(),
+        cached_tokens: cached as u32,
+        history_tokens: s.tokens.len() as u32,
+        kv_bytes: kv as u64,
+        state: if s.busy.is_some() {
+            "generating"
+        } else {
+            "live"
+        }
+        .into(),
+        created_unix_ms: s.created_ms,
+        last_used_unix_ms: s.last_used_ms,
+        persisted: s.persisted,
+        messages: s.messages.len() as u32,
+    }
+}
+
+fn encode_chat(
+    text: &colibri_engine::text::Text,
+    msgs: &[ChatMessage],
+) -> Result<Vec<u32>, Status> {
+    if msgs.is_empty() {
+        return Err(convert::invalid("messages", "is empty"));
+    }
+    let rendered = text
+        .render_chat(msgs, true)
+        .map_err(|e| status_from_engine(&e))?;
+    text.encode(&rendered, false)
+        .map_err(|e| status_from_engine(&e))
+}
+
+/// `Generation::new` validates a request against `cache.len()` but consumes the cache,
+/// which a session must get back when the request is refused. So the request is validated
+/// against an empty stand-in of the same length, and the real cache is moved in after.
+fn checked_generation(
+    model: &Model,
+    cache: KvCache,
+    req: GenerateRequest,
+) -> Result<Generation, (colibri_engine::Error, KvCache)> {
+    let stand_in = KvCache {
+        layers: Vec::new(),
+        len: cache.len,
+        capacity: cache.capacity,
+    };
+    match Generation::new(model, stand_in, req) {
+        Ok(mut g) => {
+            g.cache = cache;
+            Ok(g)
+        }
+        Err(e) => Err((e, cache)),
+    }
+}

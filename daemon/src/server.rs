@@ -1,0 +1,206 @@
+//! `colibrid` itself: arguments, the listening endpoint, the gRPC server with health and
+//! reflection, keep-alive, and an orderly shutdown on SIGTERM/SIGINT or the Shutdown RPC
+//! (finish the current step, snapshot sessions, save pins, remove the socket, exit 0).
+
+use crate::daemon::{Config, Daemon};
+use crate::scheduler::EngineConfig;
+use crate::service::Service;
+use crate::state::{self, StateDir};
+use crate::transport;
+use clap::Parser;
+use colibri_proto::v1 as pb;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "colibrid",
+    version,
+    about = "colibri daemon: keeps models and their expert caches warm, serves colibri.v1 gRPC on a local socket"
+)]
+pub struct Args {
+    /// Socket to listen on [default: $XDG_RUNTIME_DIR/colibri/colibrid.sock, else
+    /// ~/.colibri/run/colibrid.sock; a named pipe on Windows].
+    #[arg(long, env = "COLI_SOCKET")]
+    pub socket: Option<PathBuf>,
+    /// Where sessions, pins and logs are kept [default: $XDG_STATE_HOME/colibri, else
+    /// ~/.local/state/colibri].
+    #[arg(long, env = "COLIBRI_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Unload a model after this many idle seconds (0 = never).
+    #[arg(long, default_value_t = 0)]
+    pub keep_alive: u64,
+    /// Generations stepped together per model at most.
+    #[arg(long, default_value_t = 16)]
+    pub max_batch: usize,
+    /// Requests per model that may wait beyond --max-batch before RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = 64)]
+    pub queue: usize,
+    /// Prompt tokens fed per step while other sessions are decoding.
+    #[arg(long, default_value_t = 64)]
+    pub prefill_chunk: usize,
+    /// Prompt tokens fed per step when nothing else is decoding.
+    #[arg(long, default_value_t = 512)]
+    pub solo_prefill_chunk: usize,
+    /// Snapshot a session to disk after it has been idle this many seconds.
+    #[arg(long, default_value_t = 30.0)]
+    pub session_save_after: f64,
+}
+
+pub fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("COLIBRID_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("colibrid: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let socket = args
+        .socket
+        .clone()
+        .unwrap_or_else(transport::default_socket_path);
+    let state_root = args
+        .state_dir
+        .clone()
+        .unwrap_or_else(state::default_state_dir);
+    let state = StateDir::open(state_root.clone())
+        .map_err(|e| anyhow::anyhow!("state directory {}: {e}", state_root.display()))?;
+    // Bind before anything else runs: a second daemon must fail here, fast and clearly.
+    let endpoint = transport::bind(&socket)?;
+    let cfg = Config {
+        socket: endpoint.path.clone(),
+        state_dir: state.root.clone(),
+        keep_alive: (args.keep_alive > 0).then(|| Duration::from_secs(args.keep_alive)),
+        engine: EngineConfig {
+            max_batch: args.max_batch.max(1),
+            prefill_chunk: args.prefill_chunk.max(1),
+            solo_prefill_chunk: args.solo_prefill_chunk.max(1),
+            session_save_after: Duration::from_secs_f64(args.session_save_after.max(0.0)),
+        },
+        queue: args.queue,
+    };
+    let daemon = Daemon::new(cfg, state);
+    // Read every snapshot's header once: damaged ones are reported and set aside now.
+    let sessions = daemon.all_sessions();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("colibrid-rpc")
+        .build()?;
+    let result = rt.block_on(serve(Arc::clone(&daemon), &endpoint, sessions.len()));
+    endpoint.cleanup();
+    rt.shutdown_timeout(Duration::from_secs(2));
+    result
+}
+
+async fn serve(
+    daemon: Arc<Daemon>,
+    endpoint: &transport::Endpoint,
+    sessions: usize,
+) -> anyhow::Result<()> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<pb::colibri_server::ColibriServer<Service>>()
+        .await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+    let colibri = pb::colibri_server::ColibriServer::new(Service {
+        daemon: Arc::clone(&daemon),
+    })
+    // Score answers carry positions × vocab logits; requests may carry long prompts.
+    .max_decoding_message_size(256 << 20)
+    .max_encoding_message_size(usize::MAX);
+
+    #[cfg(unix)]
+    let incoming = transport::incoming(endpoint.listener.try_clone()?)?;
+    #[cfg(windows)]
+    let incoming = transport::incoming(endpoint)?;
+
+    let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(reflection_v1)
+            .add_service(reflection_v1alpha)
+            .add_service(colibri)
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = server_stopped.await;
+            }),
+    );
+    tracing::info!(
+        "colibrid {} listening on {} (state in {}, {sessions} saved sessions)",
+        env!("CARGO_PKG_VERSION"),
+        endpoint.path.display(),
+        daemon.state.root.display()
+    );
+
+    if daemon.cfg.keep_alive.is_some() {
+        let d = Arc::clone(&daemon);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                d.keep_alive_tick().await;
+            }
+        });
+    }
+
+    let why = wait_for_stop(&daemon).await;
+    tracing::info!("{why}: finishing current steps and saving state");
+    health
+        .set_not_serving::<pb::colibri_server::ColibriServer<Service>>()
+        .await;
+    daemon.unload_all().await;
+    let _ = stop_server.send(());
+    match tokio::time::timeout(Duration::from_secs(5), server).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => tracing::warn!("server: {e}"),
+        Ok(Err(e)) => tracing::warn!("server task: {e}"),
+        Err(_) => tracing::warn!("clients still connected after 5 s; closing anyway"),
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Resolves on SIGTERM, SIGINT or a Shutdown RPC; says which.
+async fn wait_for_stop(daemon: &Daemon) -> &'static str {
+    let mut rpc = daemon.shutdown.subscribe();
+    let rpc = async move {
+        let _ = rpc.wait_for(|s| *s).await;
+    };
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+            _ = rpc => "shutdown request",
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => "Ctrl-C",
+            _ = rpc => "shutdown request",
+        }
+    }
+}

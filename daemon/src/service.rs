@@ -1,0 +1,634 @@
+//! The colibri.v1 gRPC handlers. They validate, route and wait; model code runs only on
+//! the engine threads (scheduler.rs). Tokenize/Detokenize use the model's tokenizer on
+//! tokio's blocking pool.
+
+use crate::convert::{self, status_from_engine};
+use crate::daemon::{check_session_id, memory_stats, Daemon, LoadState};
+use crate::scheduler::{GenInput, GenJob, Job, ScoreJob};
+use colibri_proto::v1 as pb;
+use pb::colibri_server::Colibri;
+use pb::load_model_progress::Stage;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+
+pub type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+pub struct Service {
+    pub daemon: Arc<Daemon>,
+}
+
+fn engine_gone() -> Status {
+    Status::unavailable("the model's engine stopped (unloaded or shutting down)")
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Status> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Status::internal(format!("worker failed: {e}")))?
+}
+
+impl Service {
+    /// The model for a request that may name a session: the session's model when `model`
+    /// is empty, and INVALID_ARGUMENT when they disagree.
+    async fn model_for(
+        &self,
+        model: &str,
+        session_id: &str,
+    ) -> Result<Arc<crate::daemon::ModelHandle>, Status> {
+        if session_id.is_empty() {
+            return self.daemon.resolve(model).await;
+        }
+        check_session_id("session_id", session_id)?;
+        let d = Arc::clone(&self.daemon);
+        let sid = session_id.to_string();
+        let owner = blocking(move || d.session_model(&sid)).await?;
+        let h = match (&owner, model.is_empty()) {
+            (Some(owner), true) => self.daemon.resolve(owner).await.map_err(|e| {
+                Status::new(
+                    e.code(),
+                    format!(
+                        "session '{session_id}' belongs to model {owner}: {}",
+                        e.message()
+                    ),
+                )
+            })?,
+            _ => self.daemon.resolve(model).await?,
+        };
+        if let Some(owner) = owner {
+            if owner != h.id {
+                return Err(convert::invalid(
+                    "session_id",
+                    format!(
+                        "session '{session_id}' belongs to model {owner}, not {}",
+                        h.id
+                    ),
+                ));
+            }
+        }
+        Ok(h)
+    }
+
+    /// Queues a generation and waits for its first event, so that a refused request fails
+    /// the call itself (a plain gRPC error) rather than the first message of a stream.
+    async fn start_generation(
+        &self,
+        model: &str,
+        session_id: String,
+        input: GenInput,
+        options: Option<pb::GenerationOptions>,
+    ) -> Result<Response<BoxStream<pb::GenerateEvent>>, Status> {
+        let arrived = Instant::now();
+        let h = self.model_for(model, &session_id).await?;
+        let o = options.unwrap_or_default();
+        if o.request_id.len() > 128 {
+            return Err(convert::invalid(
+                "options.request_id",
+                "is longer than 128 bytes",
+            ));
+        }
+        let request_id = if o.request_id.is_empty() {
+            self.daemon.new_id("r")
+        } else {
+            o.request_id.clone()
+        };
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let job = GenJob {
+            request_id,
+            session_id: (!session_id.is_empty()).then_some(session_id),
+            input,
+            max_tokens: o.max_tokens as usize,
+            sampling: convert::sampling(o.sampling.as_ref()),
+            stop: o.stop,
+            ignore_eos: o.ignore_eos,
+            return_logits: o.return_logits,
+            events: tx,
+            arrived,
+        };
+        let admission = h.admit()?;
+        h.send_admitted(admission, Job::Generate(job))?;
+        match rx.recv().await {
+            Some(Ok(first)) => {
+                let rest = UnboundedReceiverStream::new(rx);
+                Ok(Response::new(Box::pin(
+                    tokio_stream::once(Ok(first)).chain(rest),
+                )))
+            }
+            Some(Err(st)) => Err(st),
+            None => Err(engine_gone()),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Colibri for Service {
+    type LoadModelStream = BoxStream<pb::LoadModelProgress>;
+
+    async fn load_model(
+        &self,
+        req: Request<pb::LoadModelRequest>,
+    ) -> Result<Response<Self::LoadModelStream>, Status> {
+        let req = req.into_inner();
+        let mut rx = self.daemon.load(&req.model)?;
+        let (tx, out) = mpsc::channel(8);
+        tokio::spawn(async move {
+            let mut already = true;
+            loop {
+                let state = rx.borrow_and_update().clone();
+                let msg = match state {
+                    LoadState::Loading(message) => {
+                        already = false;
+                        Ok(pb::LoadModelProgress {
+                            stage: Stage::Opening as i32,
+                            message,
+                            ..Default::default()
+                        })
+                    }
+                    LoadState::Ready(h) => Ok(pb::LoadModelProgress {
+                        stage: Stage::Ready as i32,
+                        done: h.info.weight_bytes,
+                        total: h.info.weight_bytes,
+                        message: format!("{} ready", h.id),
+                        already_loaded: already,
+                        info: Some(h.info.clone()),
+                    }),
+                    LoadState::Failed(st) => Err(st),
+                };
+                let last = !matches!(msg, Ok(ref m) if m.stage == Stage::Opening as i32);
+                if tx.send(msg).await.is_err() || last {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    // The loader dropped its sender: report the final state it left.
+                    let state = rx.borrow().clone();
+                    let msg = match state {
+                        LoadState::Ready(h) => Ok(pb::LoadModelProgress {
+                            stage: Stage::Ready as i32,
+                            message: format!("{} ready", h.id),
+                            info: Some(h.info.clone()),
+                            ..Default::default()
+                        }),
+                        LoadState::Failed(st) => Err(st),
+                        LoadState::Loading(_) => Err(Status::internal("model load was abandoned")),
+                    };
+                    let _ = tx.send(msg).await;
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(out))))
+    }
+
+    async fn unload_model(
+        &self,
+        req: Request<pb::UnloadModelRequest>,
+    ) -> Result<Response<pb::UnloadModelResponse>, Status> {
+        let req = req.into_inner();
+        Ok(Response::new(self.daemon.unload(&req.model).await?))
+    }
+
+    async fn list_models(
+        &self,
+        _: Request<pb::ListModelsRequest>,
+    ) -> Result<Response<pb::ListModelsResponse>, Status> {
+        let models = self
+            .daemon
+            .ready_models()
+            .iter()
+            .map(|h| self.daemon.model_status(h))
+            .collect();
+        Ok(Response::new(pb::ListModelsResponse { models }))
+    }
+
+    async fn status(
+        &self,
+        _: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        let d = Arc::clone(&self.daemon);
+        let sessions = blocking(move || Ok(d.all_sessions())).await?;
+        let models: Vec<pb::ModelStatus> = self
+            .daemon
+            .ready_models()
+            .iter()
+            .map(|h| self.daemon.model_status(h))
+            .collect();
+        let mut memory = memory_stats();
+        for m in &models {
+            memory.weight_bytes += m.info.as_ref().map(|i| i.weight_bytes).unwrap_or(0);
+            memory.kv_bytes += m.kv_bytes;
+            memory.expert_cache_bytes += m.expert_cache.as_ref().map(|c| c.used_bytes).unwrap_or(0);
+        }
+        let cfg = &self.daemon.cfg;
+        Ok(Response::new(pb::StatusResponse {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            uptime_seconds: self.daemon.started.elapsed().as_secs_f64(),
+            pid: std::process::id(),
+            socket: cfg.socket.display().to_string(),
+            state_dir: self.daemon.state.root.display().to_string(),
+            models,
+            memory: Some(memory),
+            sessions,
+            queue_capacity: (cfg.engine.max_batch.max(1) + cfg.queue) as u32,
+        }))
+    }
+
+    type GenerateStream = BoxStream<pb::GenerateEvent>;
+
+    async fn generate(
+        &self,
+        req: Request<pb::GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
+        let req = req.into_inner();
+        if !req.prompt_ids.is_empty() && !req.prompt_text.is_empty() {
+            return Err(convert::invalid(
+                "prompt_ids",
+                "set prompt_ids or prompt_text, not both",
+            ));
+        }
+        let input = if req.prompt_text.is_empty() {
+            GenInput::Ids(req.prompt_ids)
+        } else {
+            GenInput::Text {
+                text: req.prompt_text,
+                add_special: req.add_special_tokens,
+            }
+        };
+        self.start_generation(&req.model, req.session_id, input, req.options)
+            .await
+    }
+
+    type ChatStream = BoxStream<pb::GenerateEvent>;
+
+    async fn chat(
+        &self,
+        req: Request<pb::ChatRequest>,
+    ) -> Result<Response<Self::ChatStream>, Status> {
+        let req = req.into_inner();
+        if req.messages.is_empty() {
+            return Err(convert::invalid("messages", "is empty"));
+        }
+        if let Some(i) = req.messages.iter().position(|m| m.role.is_empty()) {
+            return Err(convert::invalid(&format!("messages[{i}].role"), "is empty"));
+        }
+        let input = GenInput::Chat(convert::chat_messages(&req.messages));
+        self.start_generation(&req.model, req.session_id, input, req.options)
+            .await
+    }
+
+    async fn tokenize(
+        &self,
+        req: Request<pb::TokenizeRequest>,
+    ) -> Result<Response<pb::TokenizeResponse>, Status> {
+        let req = req.into_inner();
+        let h = self.daemon.resolve(&req.model).await?;
+        blocking(move || {
+            let text = h.model.text.as_ref().ok_or_else(|| {
+                Status::failed_precondition(format!("model {} has no tokenizer.json", h.id))
+            })?;
+            if req.messages.is_empty() {
+                let ids = text
+                    .encode(&req.text, req.add_special_tokens.unwrap_or(true))
+                    .map_err(|e| status_from_engine(&e))?;
+                Ok(pb::TokenizeResponse {
+                    ids,
+                    rendered: String::new(),
+                })
+            } else {
+                let msgs = convert::chat_messages(&req.messages);
+                let rendered = text
+                    .render_chat(&msgs, true)
+                    .map_err(|e| status_from_engine(&e))?;
+                let ids = text
+                    .encode(&rendered, false)
+                    .map_err(|e| status_from_engine(&e))?;
+                Ok(pb::TokenizeResponse { ids, rendered })
+            }
+        })
+        .await
+        .map(Response::new)
+    }
+
+    async fn detokenize(
+        &self,
+        req: Request<pb::DetokenizeRequest>,
+    ) -> Result<Response<pb::DetokenizeResponse>, Status> {
+        let req = req.into_inner();
+        let h = self.daemon.resolve(&req.model).await?;
+        blocking(move || {
+            h.model
+                .check_tokens(0, &req.ids, "ids")
+                .or_else(|e| match e {
+                    // Detokenizing is not bound by the context length.
+                    colibri_engine::Error::ContextOverflow { .. } => Ok(()),
+                    e => Err(status_from_engine(&e)),
+                })?;
+            let text = h.model.text.as_ref().ok_or_else(|| {
+                Status::failed_precondition(format!("model {} has no tokenizer.json", h.id))
+            })?;
+            let text = text
+                .decode(&req.ids, req.skip_special_tokens)
+                .map_err(|e| status_from_engine(&e))?;
+            Ok(pb::DetokenizeResponse { text })
+        })
+        .await
+        .map(Response::new)
+    }
+
+    async fn score(
+        &self,
+        req: Request<pb::ScoreRequest>,
+    ) -> Result<Response<pb::ScoreResponse>, Status> {
+        let req = req.into_inner();
+        let h = self.daemon.resolve(&req.model).await?;
+        let (tx, rx) = oneshot::channel();
+        let admission = h.admit()?;
+        h.send_admitted(
+            admission,
+            Job::Score(ScoreJob {
+                ids: req.ids,
+                argmax_only: req.argmax_only,
+                reply: tx,
+            }),
+        )?;
+        rx.await.map_err(|_| engine_gone())?.map(Response::new)
+    }
+
+    async fn create_session(
+        &self,
+        req: Request<pb::CreateSessionRequest>,
+    ) -> Result<Response<pb::SessionInfo>, Status> {
+        let req = req.into_inner();
+        let id = if req.id.is_empty() {
+            self.daemon.new_id("s")
+        } else {
+            check_session_id("id", &req.id)?;
+            req.id
+        };
+        let d = Arc::clone(&self.daemon);
+        let sid = id.clone();
+        if let Some(owner) = blocking(move || d.session_model(&sid)).await? {
+            return Err(Status::already_exists(format!(
+                "session '{id}' already exists (model {owner})"
+            )));
+        }
+        let h = self.daemon.resolve(&req.model).await?;
+        let (tx, rx) = oneshot::channel();
+        h.send(Job::CreateSession { id, reply: tx })?;
+        rx.await.map_err(|_| engine_gone())?.map(Response::new)
+    }
+
+    async fn list_sessions(
+        &self,
+        req: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        let req = req.into_inner();
+        let filter = if req.model.is_empty() {
+            None
+        } else {
+            Some(
+                std::fs::canonicalize(&req.model)
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or(req.model),
+            )
+        };
+        let d = Arc::clone(&self.daemon);
+        let mut sessions = blocking(move || Ok(d.all_sessions())).await?;
+        if let Some(m) = filter {
+            sessions.retain(|s| s.model == m);
+        }
+        Ok(Response::new(pb::ListSessionsResponse { sessions }))
+    }
+
+    async fn resume_session(
+        &self,
+        req: Request<pb::ResumeSessionRequest>,
+    ) -> Result<Response<pb::ResumeSessionResponse>, Status> {
+        let req = req.into_inner();
+        check_session_id("id", &req.id)?;
+        let d = Arc::clone(&self.daemon);
+        let sid = req.id.clone();
+        let Some(owner) = blocking(move || d.session_model(&sid)).await? else {
+            return Err(Status::not_found(format!("no session '{}'", req.id)));
+        };
+        let h = match self.daemon.resolve(&owner).await {
+            Ok(h) => h,
+            Err(e) if e.code() == tonic::Code::NotFound && req.load_model => {
+                Daemon::wait_loaded(self.daemon.load(&owner)?).await?
+            }
+            Err(e) => {
+                return Err(Status::new(
+                    e.code(),
+                    format!(
+                        "session '{}' belongs to model {owner}: {} (or set load_model)",
+                        req.id,
+                        e.message()
+                    ),
+                ))
+            }
+        };
+        let (tx, rx) = oneshot::channel();
+        h.send(Job::ResumeSession {
+            id: req.id,
+            reply: tx,
+        })?;
+        rx.await.map_err(|_| engine_gone())?.map(Response::new)
+    }
+
+    async fn delete_session(
+        &self,
+        req: Request<pb::DeleteSessionRequest>,
+    ) -> Result<Response<pb::DeleteSessionResponse>, Status> {
+        let req = req.into_inner();
+        check_session_id("id", &req.id)?;
+        let d = Arc::clone(&self.daemon);
+        let sid = req.id.clone();
+        let owner = match blocking(move || d.session_model(&sid)).await {
+            Ok(o) => o,
+            // A damaged snapshot has just been set aside: nothing is left to delete.
+            Err(e) if e.code() == tonic::Code::DataLoss => {
+                return Ok(Response::new(pb::DeleteSessionResponse {}))
+            }
+            Err(e) => return Err(e),
+        };
+        let Some(owner) = owner else {
+            return Err(Status::not_found(format!("no session '{}'", req.id)));
+        };
+        match self.daemon.resolve(&owner).await {
+            Ok(h) => {
+                let (tx, rx) = oneshot::channel();
+                h.send(Job::DeleteSession {
+                    id: req.id,
+                    reply: tx,
+                })?;
+                rx.await.map_err(|_| engine_gone())??;
+            }
+            // Only a snapshot of a model that is not loaded: remove the file.
+            Err(_) => {
+                let path = self.daemon.state.session_path(&req.id);
+                std::fs::remove_file(&path)
+                    .map_err(|e| Status::internal(format!("{}: {e}", path.display())))?;
+            }
+        }
+        Ok(Response::new(pb::DeleteSessionResponse {}))
+    }
+
+    async fn cancel(
+        &self,
+        req: Request<pb::CancelRequest>,
+    ) -> Result<Response<pb::CancelResponse>, Status> {
+        let req = req.into_inner();
+        if req.request_id.is_empty() && req.session_id.is_empty() {
+            return Err(convert::invalid(
+                "request_id",
+                "set request_id or session_id",
+            ));
+        }
+        let mut cancelled = 0;
+        for h in self.daemon.ready_models() {
+            let (tx, rx) = oneshot::channel();
+            if h.send(Job::Cancel {
+                request_id: req.request_id.clone(),
+                session_id: req.session_id.clone(),
+                reply: tx,
+            })
+            .is_ok()
+            {
+                cancelled += rx.await.unwrap_or(0);
+            }
+        }
+        Ok(Response::new(pb::CancelResponse { cancelled }))
+    }
+
+    async fn expert_stats(
+        &self,
+        req: Request<pb::ExpertStatsRequest>,
+    ) -> Result<Response<pb::ExpertStatsResponse>, Status> {
+        let req = req.into_inner();
+        let h = self.daemon.resolve(&req.model).await?;
+        let status = self.daemon.model_status(&h);
+        // Usage counts come from the expert store; until it reports them, the pinned
+        // experts are listed with zero counts.
+        let mut experts: Vec<pb::ExpertUsage> = h
+            .shared
+            .pins
+            .lock()
+            .expect("pins lock")
+            .iter()
+            .map(|&(layer, expert)| pb::ExpertUsage {
+                layer,
+                expert,
+                pinned: true,
+                ..Default::default()
+            })
+            .collect();
+        if req.top > 0 {
+            experts.truncate(req.top as usize);
+        }
+        Ok(Response::new(pb::ExpertStatsResponse {
+            model: h.id.clone(),
+            cache: status.expert_cache,
+            experts,
+        }))
+    }
+
+    async fn pin(&self, req: Request<pb::PinRequest>) -> Result<Response<pb::PinResponse>, Status> {
+        let req = req.into_inner();
+        let h = self.daemon.resolve(&req.model).await?;
+        if req.hottest > 0 {
+            return Err(Status::failed_precondition(
+                "pinning the hottest experts needs usage history, which this build's expert store does not record yet; \
+                 pin experts by (layer, expert)",
+            ));
+        }
+        for (i, e) in req.experts.iter().enumerate() {
+            let n = h.experts_per_layer.get(e.layer as usize).copied();
+            match n {
+                None => {
+                    return Err(convert::invalid(
+                        &format!("experts[{i}].layer"),
+                        format!(
+                            "{} >= the model's {} layers",
+                            e.layer,
+                            h.experts_per_layer.len()
+                        ),
+                    ))
+                }
+                Some(0) => {
+                    return Err(convert::invalid(
+                        &format!("experts[{i}].layer"),
+                        format!("layer {} has no routed experts", e.layer),
+                    ))
+                }
+                Some(n) if e.expert as usize >= n => {
+                    return Err(convert::invalid(
+                        &format!("experts[{i}].expert"),
+                        format!("{} >= the {n} experts of layer {}", e.expert, e.layer),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        let pinned = {
+            let mut pins = h.shared.pins.lock().expect("pins lock");
+            pins.extend(req.experts.iter().map(|e| (e.layer, e.expert)));
+            pins.iter().copied().collect::<Vec<_>>()
+        };
+        self.save_pins(&h.id, pinned.clone()).await;
+        Ok(Response::new(pin_response(&pinned)))
+    }
+
+    async fn unpin(
+        &self,
+        req: Request<pb::UnpinRequest>,
+    ) -> Result<Response<pb::PinResponse>, Status> {
+        let req = req.into_inner();
+        let h = self.daemon.resolve(&req.model).await?;
+        let pinned = {
+            let mut pins = h.shared.pins.lock().expect("pins lock");
+            if req.all {
+                pins.clear();
+            }
+            for e in &req.experts {
+                pins.remove(&(e.layer, e.expert));
+            }
+            pins.iter().copied().collect::<Vec<_>>()
+        };
+        self.save_pins(&h.id, pinned.clone()).await;
+        Ok(Response::new(pin_response(&pinned)))
+    }
+
+    async fn shutdown(
+        &self,
+        _: Request<pb::ShutdownRequest>,
+    ) -> Result<Response<pb::ShutdownResponse>, Status> {
+        tracing::info!("shutdown requested over gRPC");
+        let _ = self.daemon.shutdown.send(true);
+        Ok(Response::new(pb::ShutdownResponse {}))
+    }
+}
+
+impl Service {
+    async fn save_pins(&self, model: &str, pinned: Vec<(u32, u32)>) {
+        let state = self.daemon.state.clone();
+        let model = model.to_string();
+        let r = tokio::task::spawn_blocking(move || state.save_pins(&model, &pinned)).await;
+        if let Ok(Err(e)) = r {
+            tracing::error!("cannot save pins: {e}");
+        }
+    }
+}
+
+fn pin_response(pinned: &[(u32, u32)]) -> pb::PinResponse {
+    pb::PinResponse {
+        pinned: pinned
+            .iter()
+            .map(|&(layer, expert)| pb::ExpertRef { layer, expert })
+            .collect(),
+    }
+}

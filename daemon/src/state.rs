@@ -1,0 +1,264 @@
+//! The daemon's state directory and how files in it are written.
+//!
+//! Layout (`--state-dir`, default `$XDG_STATE_HOME/colibri` or `~/.local/state/colibri`):
+//! ```text
+//! sessions/<id>.kv          session snapshots (see snapshot.rs)
+//! sessions/<id>.kv.*.bad    snapshots found damaged, set aside for inspection
+//! models/<key>/pins.json    experts pinned for a model (<key> = hash of its canonical path)
+//! colibrid.log              written by `coli` when it starts the daemon detached
+//! ```
+//! Every file is written with [`write_atomic`]; a crash leaves either the old file, the new
+//! one, or a `*.tmp` file that the next start removes.
+
+use serde::{Deserialize, Serialize};
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug)]
+pub struct StateDir {
+    pub root: PathBuf,
+}
+
+/// The default state directory for this user.
+pub fn default_state_dir() -> PathBuf {
+    #[cfg(windows)]
+    {
+        if let Some(d) = std::env::var_os("LOCALAPPDATA").filter(|d| !d.is_empty()) {
+            return PathBuf::from(d).join("colibri");
+        }
+    }
+    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("colibri");
+    }
+    home_dir().join(".local").join("state").join("colibri")
+}
+
+pub fn home_dir() -> PathBuf {
+    std::env::var_os("HOME")
+        .or_else(|| std::env::var_os("USERPROFILE"))
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Creates `dir` (and parents) and makes `dir` itself private to this user.
+pub fn create_private_dir(dir: &Path) -> io::Result<()> {
+    fs::create_dir_all(dir)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+impl StateDir {
+    /// Opens (creating it 0700) the state directory, removes temp files a crash left
+    /// behind, and checks that it is writable.
+    pub fn open(root: PathBuf) -> io::Result<StateDir> {
+        create_private_dir(&root)?;
+        let s = StateDir { root };
+        fs::create_dir_all(s.sessions_dir())?;
+        fs::create_dir_all(s.root.join("models"))?;
+        for dir in [s.sessions_dir(), s.root.join("models")] {
+            remove_temp_files(&dir);
+        }
+        // Fail at start, not at the first snapshot, when the folder is read-only.
+        write_atomic(&s.root.join(".writable"), b"ok\n")?;
+        Ok(s)
+    }
+
+    pub fn sessions_dir(&self) -> PathBuf {
+        self.root.join("sessions")
+    }
+
+    pub fn session_path(&self, id: &str) -> PathBuf {
+        self.sessions_dir().join(format!("{id}.kv"))
+    }
+
+    /// Per-model folder: a stable hash of the canonical model path keeps names short and
+    /// free of path separators.
+    pub fn model_dir(&self, model_id: &str) -> PathBuf {
+        self.root
+            .join("models")
+            .join(format!("{:016x}", fnv1a64(model_id.as_bytes())))
+    }
+
+    pub fn pins_path(&self, model_id: &str) -> PathBuf {
+        self.model_dir(model_id).join("pins.json")
+    }
+}
+
+/// Removes `*.tmp` files in `dir` and one level below: the leftovers of a write that was
+/// interrupted before its rename.
+fn remove_temp_files(dir: &Path) {
+    let Ok(rd) = fs::read_dir(dir) else { return };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            remove_temp_files(&p);
+        } else if p.extension().is_some_and(|x| x == "tmp") {
+            tracing::warn!("removing {} (left by an interrupted write)", p.display());
+            let _ = fs::remove_file(&p);
+        }
+    }
+}
+
+/// Writes `path` so that readers see the old or the new content, never a mix: a temp file
+/// in the same directory, fsync, rename over `path`, fsync the directory.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomic_with(path, |f| f.write_all(bytes))
+}
+
+/// [`write_atomic`] with the content produced by `fill` (for large files written in pieces).
+pub fn write_atomic_with(
+    path: &Path,
+    fill: impl FnOnce(&mut File) -> io::Result<()>,
+) -> io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!("{name}.{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut f = File::create(&tmp)?;
+        fill(&mut f)?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&tmp, path)?;
+        sync_dir(dir)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    #[cfg(unix)]
+    {
+        File::open(dir)?.sync_all()?;
+    }
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
+}
+
+/// Moves a damaged file aside as `<name>.<unix seconds>.bad` and returns the new path.
+pub fn set_aside(path: &Path) -> io::Result<PathBuf> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let to = path.with_file_name(format!("{name}.{secs}.bad"));
+    fs::rename(path, &to)?;
+    Ok(to)
+}
+
+/// FNV-1a, 64 bits: a stable name for a model folder (not a security boundary).
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in bytes {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+/// Experts pinned for one model, as saved in `models/<key>/pins.json`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct PinsFile {
+    pub version: u32,
+    pub model: String,
+    /// (layer, expert) pairs.
+    pub pinned: Vec<(u32, u32)>,
+}
+
+pub const PINS_VERSION: u32 = 1;
+
+impl StateDir {
+    /// Reads the pins saved for `model_id`; a damaged file is set aside and ignored.
+    pub fn load_pins(&self, model_id: &str) -> Vec<(u32, u32)> {
+        let path = self.pins_path(model_id);
+        let Ok(text) = fs::read(&path) else {
+            return Vec::new();
+        };
+        match serde_json::from_slice::<PinsFile>(&text) {
+            Ok(p) if p.version == PINS_VERSION && p.model == model_id => p.pinned,
+            Ok(p) => {
+                tracing::warn!(
+                    "{}: for model '{}' version {}, expected '{}' version {}; ignored",
+                    path.display(),
+                    p.model,
+                    p.version,
+                    model_id,
+                    PINS_VERSION
+                );
+                Vec::new()
+            }
+            Err(e) => {
+                let aside = set_aside(&path).map(|p| p.display().to_string());
+                tracing::warn!(
+                    "{}: damaged ({e}); set aside as {:?}",
+                    path.display(),
+                    aside
+                );
+                Vec::new()
+            }
+        }
+    }
+
+    pub fn save_pins(&self, model_id: &str, pinned: &[(u32, u32)]) -> io::Result<()> {
+        let file = PinsFile {
+            version: PINS_VERSION,
+            model: model_id.to_string(),
+            pinned: pinned.to_vec(),
+        };
+        fs::create_dir_all(self.model_dir(model_id))?;
+        let bytes = serde_json::to_vec_pretty(&file).map_err(io::Error::other)?;
+        write_atomic(&self.pins_path(model_id), &bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_write_replaces_and_leaves_no_temp() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("f.json");
+        write_atomic(&p, b"one").unwrap();
+        write_atomic(&p, b"two").unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"two");
+        let names: Vec<_> = fs::read_dir(d.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[test]
+    fn open_removes_temp_files_and_pins_round_trip() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("state");
+        let s = StateDir::open(root.clone()).unwrap();
+        let leftover = s.sessions_dir().join("abc.kv.123.tmp");
+        fs::write(&leftover, b"half").unwrap();
+        let s = StateDir::open(root).unwrap();
+        assert!(!leftover.exists());
+        s.save_pins("/m", &[(0, 3), (1, 2)]).unwrap();
+        assert_eq!(s.load_pins("/m"), vec![(0, 3), (1, 2)]);
+        assert!(s.load_pins("/other").is_empty());
+        fs::write(s.pins_path("/m"), b"{not json").unwrap();
+        assert!(s.load_pins("/m").is_empty());
+        assert!(!s.pins_path("/m").exists(), "damaged pins are set aside");
+    }
+}

@@ -23,6 +23,7 @@ pub mod kv;
 pub mod model;
 pub mod quant;
 pub mod sample;
+pub mod synth;
 pub mod tensor;
 pub mod text;
 

@@ -98,10 +98,11 @@ pub struct PlannedPart {
     pub items: Vec<PlannedItem>,
 }
 
-/// A router (`...mlp.gate.weight`, `...block_sparse_moe.gate.weight`): kept exact, routing
-/// flips on tiny differences.
-fn is_router(name: &str) -> bool {
-    name.ends_with(".gate.weight")
+/// Matrices that make discrete choices, kept in their source dtype: routers
+/// (`...mlp.gate.weight`, `...block_sparse_moe.gate.weight`) pick experts and the sparse
+/// attention indexer (`...self_attn.indexer.*`) picks keys; both flip on tiny differences.
+pub fn keep_exact(name: &str) -> bool {
+    name.ends_with(".gate.weight") || name.contains(".indexer.")
 }
 
 fn layer_of(name: &str) -> Option<usize> {
@@ -158,7 +159,7 @@ pub fn plan(ckpt: &Checkpoint, opts: &ConvertOptions) -> Result<Vec<PlannedPart>
         let matrix = t.shape.len() == 2 && name.ends_with(".weight");
         let format = if matrix && is_routed_expert(name).is_some() {
             opts.experts
-        } else if matrix && !is_router(name) {
+        } else if matrix && !keep_exact(name) {
             opts.dense
         } else {
             plain

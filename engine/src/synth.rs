@@ -1,0 +1,305 @@
+//! `coli synth`: a random-weight model with the full shape of a real architecture, written
+//! straight into the container format. It is how benchmarks (and users without a download)
+//! measure speed and memory: the bytes and the routing are realistic, the text is not.
+//!
+//! Routers are fully random (so routing spreads over all experts); quantized experts are
+//! random codes with scales chosen for a weight standard deviation of about 0.02, generated
+//! directly in their packed form (no quantizer in the loop: gigabytes per second).
+
+use crate::convert::{write_atomic, write_part, Item, Progress, Source};
+use crate::error::{Error, Result};
+use crate::quant::Packed;
+use crate::tensor::{ScaleType, WeightFormat};
+use serde_json::json;
+use std::path::PathBuf;
+
+/// Architectures `--like` knows, with their published configuration.
+pub fn known_models() -> Vec<&'static str> {
+    vec!["olmoe-1b-7b", "qwen3-30b-a3b", "mixtral-8x7b"]
+}
+
+fn config_for(like: &str) -> Result<serde_json::Value> {
+    Ok(match like {
+        "olmoe-1b-7b" => json!({
+            "architectures": ["OlmoeForCausalLM"], "model_type": "olmoe",
+            "hidden_size": 2048, "intermediate_size": 1024, "num_hidden_layers": 16,
+            "num_attention_heads": 16, "num_key_value_heads": 16, "num_experts": 64,
+            "num_experts_per_tok": 8, "vocab_size": 50304, "max_position_embeddings": 4096,
+            "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "clip_qkv": null, "norm_topk_prob": false,
+            "tie_word_embeddings": false, "hidden_act": "silu", "attention_bias": false,
+            "bos_token_id": null, "eos_token_id": 50279, "pad_token_id": 1, "torch_dtype": "bfloat16"
+        }),
+        "qwen3-30b-a3b" => json!({
+            "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+            "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+            "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+            "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936,
+            "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+            "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [],
+            "tie_word_embeddings": false, "hidden_act": "silu", "attention_bias": false,
+            "use_sliding_window": false, "bos_token_id": 151643, "eos_token_id": 151645,
+            "torch_dtype": "bfloat16"
+        }),
+        "mixtral-8x7b" => json!({
+            "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+            "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+            "num_experts_per_tok": 2, "vocab_size": 32000, "max_position_embeddings": 32768,
+            "rope_theta": 1000000.0, "rms_norm_eps": 1e-5, "sliding_window": null,
+            "tie_word_embeddings": false, "hidden_act": "silu", "bos_token_id": 1,
+            "eos_token_id": 2, "torch_dtype": "bfloat16"
+        }),
+        o => {
+            return Err(Error::invalid(
+                "like",
+                format!("unknown model '{o}'; known: {}", known_models().join(", ")),
+            ))
+        }
+    })
+}
+
+#[derive(Clone, Debug)]
+pub struct SynthOptions {
+    pub like: String,
+    pub output: PathBuf,
+    pub experts: WeightFormat,
+    pub dense: WeightFormat,
+    /// Override the number of layers (smaller models for quick checks).
+    pub layers: Option<usize>,
+    pub seed: u64,
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    /// Norm weights.
+    Ones,
+    /// Uniform values with this standard deviation.
+    Random(f32),
+}
+
+struct RandomSource {
+    seed: u64,
+    kind: Kind,
+}
+
+fn xorshift(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+impl RandomSource {
+    fn row_seed(&self, r: usize) -> u64 {
+        (self.seed ^ (r as u64).wrapping_mul(0x9E3779B97F4A7C15)).wrapping_mul(0xD6E8FEB86659FD93)
+            | 1
+    }
+}
+
+impl Source for RandomSource {
+    fn row(&self, r: usize, out: &mut [f32]) {
+        match self.kind {
+            Kind::Ones => out.iter_mut().for_each(|o| *o = 1.0),
+            Kind::Random(std) => {
+                let a = std * 3f32.sqrt();
+                let mut s = self.row_seed(r);
+                for o in out.iter_mut() {
+                    let u = (xorshift(&mut s) >> 40) as f32 / (1u64 << 24) as f32;
+                    *o = (2.0 * u - 1.0) * a;
+                }
+            }
+        }
+    }
+
+    fn packed(&self, format: WeightFormat, rows: usize, cols: usize) -> Option<Packed> {
+        let Kind::Random(std) = self.kind else {
+            return None;
+        };
+        // Standard deviation of the codes of each format when uniformly random.
+        let code_std = match format {
+            WeightFormat::I8Row => 73.9,
+            WeightFormat::I4 { .. } => 4.61,
+            WeightFormat::I2 { .. } => 1.118,
+            _ => return None,
+        };
+        let data = crate::bench::random_bytes(rows * format.row_bytes(cols), self.seed);
+        let n = rows * format.groups_per_row(cols);
+        let st = format.scale_type().unwrap_or(ScaleType::F32);
+        let mut scales = Vec::with_capacity(n * st.size());
+        let mut s = self.seed | 1;
+        for _ in 0..n {
+            // ±10% around the target so groups differ.
+            let jitter = 0.9 + 0.2 * ((xorshift(&mut s) >> 40) as f32 / (1u64 << 24) as f32);
+            let v = std / code_std * jitter;
+            match st {
+                ScaleType::F32 => scales.extend_from_slice(&v.to_le_bytes()),
+                ScaleType::F16 => scales.extend_from_slice(&half::f16::from_f32(v).to_le_bytes()),
+            }
+        }
+        Some(Packed { data, scales })
+    }
+}
+
+/// Tensor names and shapes of `cfg`'s family, in the Hub's naming.
+fn tensors(cfg: &serde_json::Value) -> Result<Vec<(String, Vec<usize>)>> {
+    let u = |k: &str| {
+        cfg[k]
+            .as_u64()
+            .map(|v| v as usize)
+            .ok_or_else(|| Error::invalid("like", format!("config lacks {k}")))
+    };
+    let (h, nl, nh, nkv, v) = (
+        u("hidden_size")?,
+        u("num_hidden_layers")?,
+        u("num_attention_heads")?,
+        u("num_key_value_heads")?,
+        u("vocab_size")?,
+    );
+    let hd = cfg["head_dim"]
+        .as_u64()
+        .map(|v| v as usize)
+        .unwrap_or(h / nh);
+    let mt = cfg["model_type"].as_str().unwrap_or("");
+    let mut t = vec![
+        ("model.embed_tokens.weight".to_string(), vec![v, h]),
+        ("model.norm.weight".to_string(), vec![h]),
+        ("lm_head.weight".to_string(), vec![v, h]),
+    ];
+    for i in 0..nl {
+        let p = format!("model.layers.{i}");
+        t.push((format!("{p}.input_layernorm.weight"), vec![h]));
+        t.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+        t.push((format!("{p}.self_attn.q_proj.weight"), vec![nh * hd, h]));
+        t.push((format!("{p}.self_attn.k_proj.weight"), vec![nkv * hd, h]));
+        t.push((format!("{p}.self_attn.v_proj.weight"), vec![nkv * hd, h]));
+        t.push((format!("{p}.self_attn.o_proj.weight"), vec![h, nh * hd]));
+        match mt {
+            "olmoe" => {
+                t.push((format!("{p}.self_attn.q_norm.weight"), vec![nh * hd]));
+                t.push((format!("{p}.self_attn.k_norm.weight"), vec![nkv * hd]));
+            }
+            "qwen3_moe" => {
+                t.push((format!("{p}.self_attn.q_norm.weight"), vec![hd]));
+                t.push((format!("{p}.self_attn.k_norm.weight"), vec![hd]));
+            }
+            _ => {}
+        }
+        let (moe, e, inter, names) = match mt {
+            "mixtral" => (
+                "block_sparse_moe",
+                u("num_local_experts")?,
+                u("intermediate_size")?,
+                ["w1", "w3", "w2"],
+            ),
+            "qwen3_moe" => (
+                "mlp",
+                u("num_experts")?,
+                u("moe_intermediate_size")?,
+                ["gate_proj", "up_proj", "down_proj"],
+            ),
+            _ => (
+                "mlp",
+                u("num_experts")?,
+                u("intermediate_size")?,
+                ["gate_proj", "up_proj", "down_proj"],
+            ),
+        };
+        t.push((format!("{p}.{moe}.gate.weight"), vec![e, h]));
+        for x in 0..e {
+            t.push((
+                format!("{p}.{moe}.experts.{x}.{}.weight", names[0]),
+                vec![inter, h],
+            ));
+            t.push((
+                format!("{p}.{moe}.experts.{x}.{}.weight", names[1]),
+                vec![inter, h],
+            ));
+            t.push((
+                format!("{p}.{moe}.experts.{x}.{}.weight", names[2]),
+                vec![h, inter],
+            ));
+        }
+    }
+    Ok(t)
+}
+
+/// Writes the synthetic model; returns its size in bytes.
+pub fn synth(opts: &SynthOptions, progress: &dyn Progress) -> Result<u64> {
+    let mut cfg = config_for(&opts.like)?;
+    if let Some(n) = opts.layers {
+        if n == 0 {
+            return Err(Error::invalid("layers", "must be at least 1"));
+        }
+        cfg["num_hidden_layers"] = json!(n);
+    }
+    std::fs::create_dir_all(&opts.output).map_err(|e| Error::io(&opts.output, e))?;
+    let hidden = cfg["hidden_size"].as_u64().unwrap_or(1) as f32;
+    let mut dense: Vec<Item> = Vec::new();
+    let mut experts: std::collections::BTreeMap<usize, Vec<Item>> = Default::default();
+    for (name, shape) in tensors(&cfg)? {
+        let seed = crate::convert::fnv64(name.as_bytes()) ^ opts.seed;
+        let is_expert = crate::container::is_routed_expert(&name).is_some();
+        let (format, kind) = if shape.len() == 1 {
+            (WeightFormat::BF16, Kind::Ones)
+        } else if name.ends_with(".gate.weight") {
+            // Router: logits of standard deviation ~1.5 on unit-RMS inputs.
+            (WeightFormat::BF16, Kind::Random(1.5 / hidden.sqrt()))
+        } else if is_expert {
+            (opts.experts, Kind::Random(0.02))
+        } else {
+            (opts.dense, Kind::Random(0.02))
+        };
+        let item = Item {
+            name: name.clone(),
+            shape,
+            format,
+            source: Box::new(RandomSource { seed, kind }),
+        };
+        match (
+            is_expert,
+            name.split(".layers.")
+                .nth(1)
+                .and_then(|r| r.split('.').next()?.parse::<usize>().ok()),
+        ) {
+            (true, Some(l)) => experts.entry(l).or_default().push(item),
+            _ => dense.push(item),
+        }
+    }
+    let mut parts: Vec<(String, Vec<Item>)> =
+        vec![("dense-00001-of-00001.safetensors".into(), dense)];
+    for (l, items) in experts {
+        parts.push((format!("experts-layer{l:05}.safetensors"), items));
+    }
+    let mut total = 0u64;
+    let mut lays = Vec::new();
+    for (_, items) in &parts {
+        let lay = crate::convert::layout(items)?;
+        total += lay.file_len;
+        lays.push(lay.file_len);
+    }
+    progress.begin(total, parts.len(), 0);
+    let mut weight_map = std::collections::BTreeMap::new();
+    for (file, items) in &parts {
+        progress.message(file);
+        write_part(&opts.output.join(file), items, &|b| progress.advance(b))?;
+        for it in items {
+            weight_map.insert(it.name.clone(), file.clone());
+            if it.format.is_quantized() {
+                weight_map.insert(
+                    format!("{}{}", it.name, crate::container::SCALES_SUFFIX),
+                    file.clone(),
+                );
+            }
+        }
+    }
+    let index = json!({"metadata": {"format": "colibri", "synthetic_like": opts.like, "total_size": total}, "weight_map": weight_map});
+    write_atomic(
+        &opts.output.join("model.safetensors.index.json"),
+        &serde_json::to_vec_pretty(&index).expect("json"),
+    )?;
+    write_atomic(
+        &opts.output.join("config.json"),
+        &serde_json::to_vec_pretty(&cfg).expect("json"),
+    )?;
+    Ok(total)
+}

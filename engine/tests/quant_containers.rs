@@ -1,0 +1,420 @@
+//! Converted containers against the transformers fixtures (tests/fixtures/<family>), the
+//! colibri C layout, hostile containers, and resuming an interrupted conversion.
+
+use colibri_engine::convert::{convert, parse_format, ConvertOptions};
+use colibri_engine::quant::eval::{agreement, evaluate, load_reference};
+use colibri_engine::tensor::{ScaleType, WeightFormat};
+use colibri_engine::Model;
+use std::path::{Path, PathBuf};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+}
+
+/// Fixture families this engine can load (families still being added are skipped, loudly).
+fn families() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(fixtures())
+        .expect("tests/fixtures")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("ref.json").exists())
+        .filter(|p| match Model::load(p) {
+            Ok(_) => true,
+            Err(e) => {
+                eprintln!("skipping {}: {e}", p.display());
+                false
+            }
+        })
+        .collect();
+    v.sort();
+    assert!(
+        v.len() >= 3,
+        "expected at least the olmoe, qwen3_moe and mixtral fixtures"
+    );
+    v
+}
+
+fn convert_to(fam: &Path, out: &Path, experts: WeightFormat, dense: WeightFormat) {
+    let opts = ConvertOptions {
+        input: fam.to_path_buf(),
+        output: out.to_path_buf(),
+        experts,
+        dense,
+    };
+    convert(&opts, &()).unwrap_or_else(|e| panic!("converting {}: {e}", fam.display()));
+}
+
+#[test]
+fn int8_container_matches_transformers_on_every_family() {
+    for fam in families() {
+        let tmp = tempfile::tempdir().unwrap();
+        convert_to(&fam, tmp.path(), WeightFormat::I8Row, WeightFormat::BF16);
+        let r = load_reference(&fam).unwrap();
+        let m = Model::load(tmp.path()).unwrap();
+        let got = m.score(&r.input_ids).unwrap();
+        let v = r.logits[0].len();
+        // A position is good when its argmax agrees and every logit is within 0.15.
+        let good = r
+            .logits
+            .iter()
+            .enumerate()
+            .filter(|(p, row)| {
+                let g = &got[p * v..(p + 1) * v];
+                let close = row.iter().zip(g).all(|(a, b)| (a - b).abs() <= 0.15);
+                let am = |x: &[f32]| (0..x.len()).fold(0, |b, i| if x[i] > x[b] { i } else { b });
+                close && am(row) == am(g)
+            })
+            .count();
+        let a = agreement(&r.logits, &got);
+        eprintln!(
+            "{}: int8 argmax {}/{}, good positions {good}, max |Δ| {:.4}, mean KL {:.2e}",
+            fam.display(),
+            a.argmax_equal,
+            a.positions,
+            a.max_abs_diff,
+            a.mean_kl
+        );
+        assert!(
+            a.argmax_equal >= 31 && a.positions == 32,
+            "{}: argmax {}/{}",
+            fam.display(),
+            a.argmax_equal,
+            a.positions
+        );
+        assert!(
+            good >= 31,
+            "{}: only {good} of 32 positions within 0.15",
+            fam.display()
+        );
+    }
+}
+
+#[test]
+fn grouped_int4_is_not_worse_than_per_row() {
+    for fam in families() {
+        let kl = |format: WeightFormat| {
+            let tmp = tempfile::tempdir().unwrap();
+            convert_to(&fam, tmp.path(), format, WeightFormat::BF16);
+            evaluate(tmp.path(), &fam).unwrap().mean_kl
+        };
+        // Same scale type for both, so only the grouping differs.
+        let g64 = kl(WeightFormat::I4 {
+            group: 64,
+            scale: ScaleType::F16,
+        });
+        let row = kl(WeightFormat::I4 {
+            group: 0,
+            scale: ScaleType::F16,
+        });
+        let int8 = kl(WeightFormat::I8Row);
+        eprintln!(
+            "{}: mean KL int8 {int8:.2e}, int4-g64 {g64:.2e}, int4 per row {row:.2e}",
+            fam.display()
+        );
+        assert!(
+            g64 <= row * 1.0001 + 1e-9,
+            "{}: int4-g64 KL {g64} > per-row {row}",
+            fam.display()
+        );
+        assert!(
+            int8 < g64,
+            "{}: int8 should be closer than int4",
+            fam.display()
+        );
+    }
+}
+
+/// Rewrites our container `src` in the colibri C layout: every quantized tensor as a flat U8
+/// `name` plus a flat F32 `name.qs`, plain tensors unchanged, no container records.
+fn write_c_layout(src: &Path, dst: &Path) {
+    use safetensors::tensor::{Dtype, TensorView};
+    std::fs::create_dir_all(dst).unwrap();
+    let ck = colibri_engine::container::Checkpoint::open(src).unwrap();
+    let mut names: Vec<&str> = ck.tensor_names().collect();
+    names.sort();
+    let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    for n in names {
+        let t = ck.get(n).unwrap();
+        let (dt, shape) = match t.dtype.name() {
+            "U8" => (Dtype::U8, vec![t.numel()]),
+            "F32" => (Dtype::F32, vec![t.numel()]),
+            "F16" => panic!("C layout scales are f32; convert with f32 scales"),
+            "BF16" => (Dtype::BF16, t.shape.clone()),
+            o => panic!("unexpected {o}"),
+        };
+        owned.push((n.to_string(), dt, shape, t.bytes().to_vec()));
+    }
+    let views: Vec<(String, TensorView)> = owned
+        .iter()
+        .map(|(n, dt, s, b)| (n.clone(), TensorView::new(*dt, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &dst.join("model.safetensors")).unwrap();
+    for f in [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        if src.join(f).exists() {
+            std::fs::copy(src.join(f), dst.join(f)).unwrap();
+        }
+    }
+}
+
+#[test]
+fn c_layout_gives_the_same_logits_as_our_container() {
+    for fam in families() {
+        for format in [
+            WeightFormat::I4 {
+                group: 32,
+                scale: ScaleType::F32,
+            },
+            WeightFormat::I4 {
+                group: 0,
+                scale: ScaleType::F32,
+            },
+            WeightFormat::I8Row,
+        ] {
+            let ours = tempfile::tempdir().unwrap();
+            convert_to(&fam, ours.path(), format, WeightFormat::BF16);
+            let c = tempfile::tempdir().unwrap();
+            write_c_layout(ours.path(), c.path());
+            let r = load_reference(&fam).unwrap();
+            let a = Model::load(ours.path())
+                .unwrap()
+                .score(&r.input_ids)
+                .unwrap();
+            let b = Model::load(c.path())
+                .unwrap_or_else(|e| panic!("{} C layout {format:?}: {e}", fam.display()))
+                .score(&r.input_ids)
+                .unwrap();
+            assert_eq!(a, b, "{} {format:?}: C layout logits differ", fam.display());
+        }
+    }
+}
+
+fn olmoe() -> PathBuf {
+    fixtures().join("olmoe")
+}
+
+fn load_err(dir: &Path) -> String {
+    match Model::load(dir) {
+        Ok(_) => panic!("{} loaded, but it is broken", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn hostile_c_layout_containers_are_clear_errors() {
+    use safetensors::tensor::{Dtype, TensorView};
+    let ours = tempfile::tempdir().unwrap();
+    convert_to(
+        &olmoe(),
+        ours.path(),
+        WeightFormat::I4 {
+            group: 32,
+            scale: ScaleType::F32,
+        },
+        WeightFormat::BF16,
+    );
+    let c = tempfile::tempdir().unwrap();
+    write_c_layout(ours.path(), c.path());
+    let file = c.path().join("model.safetensors");
+    let orig = std::fs::read(&file).unwrap();
+    let victim = "model.layers.0.mlp.experts.3.up_proj.weight";
+    let rewrite = |edit: &dyn Fn(&str, Vec<u8>) -> Option<(Dtype, Vec<usize>, Vec<u8>)>| {
+        let st = safetensors::SafeTensors::deserialize(&orig).unwrap();
+        let mut owned = Vec::new();
+        for (n, v) in st.tensors() {
+            let data = v.data().to_vec();
+            match edit(&n, data.clone()) {
+                Some(x) => owned.push((n, x.0, x.1, x.2)),
+                None => owned.push((n, v.dtype(), v.shape().to_vec(), data)),
+            }
+        }
+        let views: Vec<(String, TensorView)> = owned
+            .iter()
+            .map(|(n, dt, s, b)| (n.clone(), TensorView::new(*dt, s.clone(), b).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(views, None, &file).unwrap();
+    };
+    // Scale array of the wrong size.
+    rewrite(&|n, d| {
+        (n == format!("{victim}.qs"))
+            .then(|| (Dtype::F32, vec![d.len() / 4 - 1], d[..d.len() - 4].to_vec()))
+    });
+    let e = load_err(c.path());
+    assert!(e.contains(victim) && e.contains("scales"), "{e}");
+    // Weight bytes matching no layout.
+    rewrite(&|n, d| (n == victim).then(|| (Dtype::U8, vec![d.len() - 3], d[3..].to_vec())));
+    let e = load_err(c.path());
+    assert!(e.contains(victim) && e.contains("match no layout"), "{e}");
+    // U8 weights without scales.
+    rewrite(&|n, _| (n == format!("{victim}.qs")).then(|| (Dtype::F32, vec![0], vec![])));
+    let e = load_err(c.path());
+    assert!(e.contains(victim), "{e}");
+}
+
+/// Replaces the `__metadata__` value `key` of a container file in place (same length, so
+/// offsets stay valid) and returns the error the loader gives.
+fn corrupt_metadata(dir: &Path, file: &str, from: &str, to: &str) -> String {
+    assert_eq!(from.len(), to.len());
+    let p = dir.join(file);
+    let mut b = std::fs::read(&p).unwrap();
+    let pos = b
+        .windows(from.len())
+        .position(|w| w == from.as_bytes())
+        .expect("pattern in header");
+    b[pos..pos + to.len()].copy_from_slice(to.as_bytes());
+    std::fs::write(&p, b).unwrap();
+    load_err(dir)
+}
+
+#[test]
+fn hostile_converted_containers_are_clear_errors() {
+    let base = tempfile::tempdir().unwrap();
+    convert_to(
+        &olmoe(),
+        base.path(),
+        WeightFormat::I4 {
+            group: 32,
+            scale: ScaleType::F16,
+        },
+        WeightFormat::I8Row,
+    );
+    let copy = || {
+        let d = tempfile::tempdir().unwrap();
+        for e in std::fs::read_dir(base.path()).unwrap().flatten() {
+            std::fs::copy(e.path(), d.path().join(e.file_name())).unwrap();
+        }
+        d
+    };
+    let experts = "experts-layer00000.safetensors";
+    let dense = "dense-00001-of-00001.safetensors";
+    let d = copy();
+    let e = corrupt_metadata(
+        d.path(),
+        experts,
+        "colibri.version\":\"1\"",
+        "colibri.version\":\"7\"",
+    );
+    assert!(e.contains("version 7"), "{e}");
+    let d = copy();
+    let e = corrupt_metadata(
+        d.path(),
+        experts,
+        "\"group_size\\\":32",
+        "\"group_size\\\":48",
+    );
+    assert!(e.contains("group_size 48"), "{e}");
+    let d = copy();
+    let e = corrupt_metadata(
+        d.path(),
+        dense,
+        "\"format\\\":\\\"int8\\\"",
+        "\"format\\\":\\\"int9\\\"",
+    );
+    assert!(e.contains("int9"), "{e}");
+    let d = copy();
+    let e = corrupt_metadata(d.path(), experts, "\"offset\\\":4096", "\"offset\\\":4095");
+    assert!(e.contains("aligned"), "{e}");
+    // A record whose shape disagrees with the stored bytes.
+    let d = copy();
+    let e = corrupt_metadata(
+        d.path(),
+        experts,
+        "\"shape\\\":[32,64]",
+        "\"shape\\\":[32,96]",
+    );
+    assert!(e.contains("stored as U8"), "{e}");
+}
+
+fn dir_bytes(d: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(d)
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn an_interrupted_conversion_resumes_to_the_same_bytes() {
+    let fam = fixtures().join("mixtral");
+    let whole = tempfile::tempdir().unwrap();
+    let i4 = parse_format("int4", 64).unwrap();
+    convert_to(&fam, whole.path(), i4, WeightFormat::BF16);
+    let want = dir_bytes(whole.path());
+    assert!(want.iter().any(|(n, _)| n.starts_with("experts-layer")));
+
+    // What a kill -9 leaves behind: a finished part, a half-written part, a lock held by a
+    // dead process, and no index yet.
+    let cut = tempfile::tempdir().unwrap();
+    convert_to(&fam, cut.path(), i4, WeightFormat::BF16);
+    let last = want
+        .iter()
+        .rev()
+        .find(|(n, _)| n.starts_with("experts-layer"))
+        .unwrap()
+        .0
+        .clone();
+    let data = std::fs::read(cut.path().join(&last)).unwrap();
+    std::fs::remove_file(cut.path().join(&last)).unwrap();
+    std::fs::write(
+        cut.path().join(format!("{last}.partial")),
+        &data[..data.len() / 2],
+    )
+    .unwrap();
+    std::fs::remove_file(cut.path().join("model.safetensors.index.json")).unwrap();
+    std::fs::write(cut.path().join(".colibri-convert.lock"), "999999999\n").unwrap();
+    // A finished part damaged after the fact must be redone, not trusted.
+    let first = want
+        .iter()
+        .find(|(n, _)| n.starts_with("dense-"))
+        .unwrap()
+        .0
+        .clone();
+    let mut d = std::fs::read(cut.path().join(&first)).unwrap();
+    let n = d.len();
+    d.truncate(n - 1);
+    std::fs::write(cut.path().join(&first), d).unwrap();
+
+    convert_to(&fam, cut.path(), i4, WeightFormat::BF16);
+    assert_eq!(dir_bytes(cut.path()), want);
+
+    // Another format into the same folder is refused.
+    let opts = ConvertOptions {
+        input: fam.clone(),
+        output: cut.path().to_path_buf(),
+        experts: WeightFormat::I8Row,
+        dense: WeightFormat::BF16,
+    };
+    let e = convert(&opts, &()).unwrap_err().to_string();
+    assert!(e.contains("other options"), "{e}");
+}
+
+#[test]
+fn a_live_lock_stops_a_second_converter() {
+    let out = tempfile::tempdir().unwrap();
+    // Our own parent process is certainly alive.
+    let ppid = std::os::unix::process::parent_id();
+    std::fs::write(
+        out.path().join(".colibri-convert.lock"),
+        format!("{ppid}\n"),
+    )
+    .unwrap();
+    let opts = ConvertOptions {
+        input: olmoe(),
+        output: out.path().to_path_buf(),
+        experts: WeightFormat::I8Row,
+        dense: WeightFormat::BF16,
+    };
+    let e = convert(&opts, &()).unwrap_err().to_string();
+    assert!(e.contains("another converter"), "{e}");
+}

@@ -1,0 +1,55 @@
+//! Routed experts streamed from the disk into a budgeted RAM cache.
+//!
+//! A MoE model's dense part (attention, norms, routers, embeddings, shared experts) stays
+//! resident; its routed experts are read on demand by the [`ExpertStore`] into aligned
+//! buffers, kept under a byte budget by a replacement [`policy`], read ahead by a router-based
+//! predictor, and counted in a persisted usage [`hist`]ogram whose hottest experts are pinned
+//! at the next start. The only code that touches the disk on the hot path lives here.
+//!
+//! - [`policy`]: cache replacement policies (LRU, LFU, LRFU, ARC, pinned) behind one trait.
+//! - [`sim`] and [`trace`]: routing traces and the simulator that replays them against the
+//!   policies and against Belady's offline optimum, which is how the shipped policy is chosen.
+//! - [`store`]: the cache itself, its reader threads and statistics.
+//! - [`hist`]: the per-model usage histogram (atomic writes, validated reads).
+//! - [`plan`]: where a model's bytes go and the default budget.
+//!
+//! Invariant: nothing here changes what the model computes. Budget, policy, prefetch and
+//! reader count change only when bytes arrive; the bytes handed to the kernels are the ones
+//! in the file. (Expert top-p, which does change outputs, is an explicit lossy option.)
+
+pub mod buf;
+pub mod hist;
+pub mod plan;
+pub mod policy;
+pub mod sim;
+pub mod store;
+pub mod trace;
+
+pub use buf::{AlignedBuf, ExpertBuf};
+pub use hist::UsageHistogram;
+pub use plan::MemoryPlan;
+pub use policy::{Access, Policy};
+pub use store::{ExpertSpec, ExpertStore, Extent, StoreConfig, StoreStats, Ticket};
+pub use trace::Trace;
+
+/// One routed expert: its model layer index and its index within the layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    pub layer: u32,
+    pub expert: u32,
+}
+
+impl Key {
+    pub fn new(layer: usize, expert: usize) -> Key {
+        Key {
+            layer: layer as u32,
+            expert: expert as u32,
+        }
+    }
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "L{}/E{}", self.layer, self.expert)
+    }
+}

@@ -1,0 +1,1437 @@
+//! [`ExpertStore`]: routed experts read from disk into a cache bounded by a byte budget.
+//!
+//! - A request for a resident expert returns its buffer at once; a miss queues a read and
+//!   returns a [`Ticket`] to wait on, so a caller can issue every miss of a layer before
+//!   waiting for the first (several reads in flight: an NVMe drive needs queue depth > 1).
+//! - Reads are `pread`s by a pool of reader threads into page-aligned buffers, with O_DIRECT
+//!   (no page cache: the cache is ours) or buffered reads followed by
+//!   `posix_fadvise(DONTNEED)` so the page cache does not hold a second copy. Buffered file
+//!   handles are opened with `POSIX_FADV_RANDOM`: the kernel's read-ahead (8 MB on the
+//!   benchmark machine) would otherwise pull in neighbouring experts nobody asked for.
+//! - Three queues: demand reads first, then predicted (prefetch) reads, then background
+//!   preloads of pinned experts, so neither prediction nor preloading delays a token.
+//! - Which experts stay is the [`Policy`]'s decision (the same code the simulator replays);
+//!   the store mirrors it. An evicted expert still in use by the forward pass lives until the
+//!   pass drops it, so the memory bound is the budget plus the experts of one layer in use.
+
+use super::buf::{AlignedBuf, ExpertBuf, ALIGN};
+use super::hist::UsageHistogram;
+use super::policy::{self, Access, Policy};
+use super::Key;
+use crate::error::{Error, Result};
+use serde::Serialize;
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// A byte range of one of the store's files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    /// Index into the file list given to [`ExpertStore::new`].
+    pub file: usize,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// Where one expert's bytes are: its parts (e.g. gate, gate scales, up, ..., in the order
+/// the caller wants them back in [`ExpertBuf::parts`]). Parts close together in one file are
+/// read with one request; a container expert (one aligned extent) is one read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExpertSpec {
+    pub parts: Vec<Extent>,
+}
+
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// Bytes the cache may hold.
+    pub budget_bytes: u64,
+    /// A [`policy::build`] name.
+    pub policy: String,
+    /// Share of the capacity given to pins when the policy is `pinned-*`.
+    pub pin_share: f64,
+    pub readers: usize,
+    /// O_DIRECT (F_NOCACHE on macOS) when the file system allows it; else buffered.
+    pub direct: bool,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            budget_bytes: 0,
+            policy: policy::DEFAULT_POLICY.into(),
+            pin_share: 0.5,
+            readers: 4,
+            direct: true,
+        }
+    }
+}
+
+/// Parts of one file closer than this are read with one request (a gap costs less than a
+/// second request).
+const MERGE_GAP: u64 = 64 << 10;
+
+/// A precomputed read of one expert.
+#[derive(Debug)]
+struct ReadPlan {
+    groups: Vec<ReadGroup>,
+    /// Buffer length (each group starts on an [`ALIGN`] boundary of the buffer).
+    len: usize,
+    parts: Vec<Range<usize>>,
+}
+
+#[derive(Debug)]
+struct ReadGroup {
+    file: usize,
+    /// Bytes wanted: `[start, end)` of the file.
+    start: u64,
+    end: u64,
+    /// Buffer offset of `start` rounded down to [`ALIGN`].
+    buf_off: usize,
+}
+
+impl ReadPlan {
+    fn new(spec: &ExpertSpec, file_lens: &[u64]) -> std::result::Result<ReadPlan, String> {
+        if spec.parts.is_empty() {
+            return Err("an expert with no bytes".into());
+        }
+        for p in &spec.parts {
+            let len = *file_lens
+                .get(p.file)
+                .ok_or_else(|| format!("file index {} out of range", p.file))?;
+            if p.offset.checked_add(p.len).is_none_or(|e| e > len) {
+                return Err(format!(
+                    "extent [{}, +{}) runs past the end of the file ({len} bytes)",
+                    p.offset, p.len
+                ));
+            }
+        }
+        let mut order: Vec<usize> = (0..spec.parts.len()).collect();
+        order.sort_by_key(|&i| (spec.parts[i].file, spec.parts[i].offset));
+        let mut groups: Vec<ReadGroup> = Vec::new();
+        let mut group_of = vec![0usize; spec.parts.len()];
+        for &i in &order {
+            let p = spec.parts[i];
+            match groups.last_mut() {
+                Some(g) if g.file == p.file && p.offset <= g.end + MERGE_GAP => {
+                    g.end = g.end.max(p.offset + p.len)
+                }
+                _ => groups.push(ReadGroup {
+                    file: p.file,
+                    start: p.offset,
+                    end: p.offset + p.len,
+                    buf_off: 0,
+                }),
+            }
+            group_of[i] = groups.len() - 1;
+        }
+        let mut cursor = 0usize;
+        for g in &mut groups {
+            g.buf_off = cursor;
+            let a0 = align_down(g.start);
+            cursor += (align_up(g.end) - a0) as usize;
+        }
+        let parts = spec
+            .parts
+            .iter()
+            .zip(&group_of)
+            .map(|(p, &gi)| {
+                let g = &groups[gi];
+                let at = g.buf_off + (p.offset - align_down(g.start)) as usize;
+                at..at + p.len as usize
+            })
+            .collect();
+        Ok(ReadPlan {
+            groups,
+            len: cursor,
+            parts,
+        })
+    }
+}
+
+fn align_down(x: u64) -> u64 {
+    x / ALIGN as u64 * ALIGN as u64
+}
+fn align_up(x: u64) -> u64 {
+    x.div_ceil(ALIGN as u64) * ALIGN as u64
+}
+
+struct DiskFile {
+    path: PathBuf,
+    buffered: File,
+    direct: Option<File>,
+    /// Cleared when a direct read is refused (some file systems accept the flag at open and
+    /// fail the read); later reads of this file are buffered.
+    direct_ok: AtomicBool,
+}
+
+type ReadResult = std::result::Result<Arc<ExpertBuf>, (PathBuf, std::io::ErrorKind, String)>;
+
+/// A read in flight; waiters block on it.
+struct Pending {
+    result: Mutex<Option<ReadResult>>,
+    cv: Condvar,
+}
+
+impl Pending {
+    fn new() -> Arc<Pending> {
+        Arc::new(Pending {
+            result: Mutex::new(None),
+            cv: Condvar::new(),
+        })
+    }
+    fn complete(&self, r: ReadResult) {
+        *lock(&self.result) = Some(r);
+        self.cv.notify_all();
+    }
+    fn wait(&self) -> ReadResult {
+        let mut g = lock(&self.result);
+        loop {
+            if let Some(r) = g.as_ref() {
+                return r.clone();
+            }
+            g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+enum Slot {
+    Loading(Arc<Pending>),
+    Ready(Arc<ExpertBuf>),
+}
+
+struct Entry {
+    slot: Slot,
+    /// Brought in by a prefetch or preload and not demanded yet.
+    speculative: bool,
+}
+
+struct State {
+    policy: Box<dyn Policy>,
+    entries: HashMap<Key, Entry>,
+    resident_bytes: u64,
+    hist: UsageHistogram,
+}
+
+struct Job {
+    key: Key,
+    pending: Arc<Pending>,
+}
+
+#[derive(Default)]
+struct Jobs {
+    demand: VecDeque<Job>,
+    prefetch: VecDeque<Job>,
+    background: VecDeque<Job>,
+    shutdown: bool,
+}
+
+impl Jobs {
+    fn pop(&mut self) -> Option<Job> {
+        self.demand
+            .pop_front()
+            .or_else(|| self.prefetch.pop_front())
+            .or_else(|| self.background.pop_front())
+    }
+    /// Moves a queued speculative read to the demand queue (someone now waits for it).
+    fn promote(&mut self, p: &Arc<Pending>) {
+        for q in [&mut self.prefetch, &mut self.background] {
+            if let Some(i) = q.iter().position(|j| Arc::ptr_eq(&j.pending, p)) {
+                let j = q.remove(i).expect("index from position");
+                self.demand.push_back(j);
+                return;
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    hits: AtomicU64,
+    inflight_hits: AtomicU64,
+    misses: AtomicU64,
+    bytes_read: AtomicU64,
+    reads: AtomicU64,
+    read_ns: AtomicU64,
+    wait_ns: AtomicU64,
+    prefetch_issued: AtomicU64,
+    prefetch_used: AtomicU64,
+    prefetch_wasted: AtomicU64,
+    preload_issued: AtomicU64,
+    evictions: AtomicU64,
+    tokens: AtomicU64,
+    direct_reads: AtomicU64,
+    predicted: AtomicU64,
+    predicted_correct: AtomicU64,
+    predicted_actual: AtomicU64,
+    read_errors: AtomicU64,
+}
+
+/// Time during which at least one read was in flight, for the disk's throughput.
+#[derive(Default)]
+struct Busy {
+    active: usize,
+    since: Option<Instant>,
+    ns: u64,
+}
+
+struct Shared {
+    files: Vec<DiskFile>,
+    /// `[layer][expert]`; empty rows for layers without routed experts.
+    plans: Vec<Vec<Option<ReadPlan>>>,
+    state: Mutex<State>,
+    jobs: Mutex<Jobs>,
+    jobs_cv: Condvar,
+    c: Counters,
+    busy: Mutex<Busy>,
+    expert_bytes: u64,
+    budget_bytes: u64,
+    readers: usize,
+    notes: Mutex<Vec<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A requested expert: ready, or a read to wait for with [`ExpertStore::wait`].
+pub enum Ticket {
+    Ready(Arc<ExpertBuf>),
+    Wait(Key, PendingHandle),
+}
+
+/// Opaque handle of a read in flight.
+pub struct PendingHandle(Arc<Pending>);
+
+pub struct ExpertStore {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    policy_name: String,
+    capacity: usize,
+}
+
+/// A snapshot of the store's counters and gauges.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct StoreStats {
+    pub policy: String,
+    pub budget_bytes: u64,
+    pub expert_bytes: u64,
+    pub capacity_experts: usize,
+    pub resident_experts: usize,
+    pub resident_bytes: u64,
+    pub readers: usize,
+    /// Demand requests (one per unique expert per layer per step).
+    pub requests: u64,
+    /// Resident and ready.
+    pub hits: u64,
+    /// Resident but its (speculative) read still in flight: waited for, not re-read.
+    pub inflight_hits: u64,
+    /// Read on demand.
+    pub misses: u64,
+    pub bytes_read: u64,
+    pub reads: u64,
+    pub direct_reads: u64,
+    pub read_errors: u64,
+    /// Sum of the durations of every read (reads overlap, so this exceeds wall time).
+    pub read_seconds: f64,
+    /// Wall time with at least one read in flight.
+    pub disk_busy_seconds: f64,
+    /// Time callers spent blocked waiting for reads.
+    pub wait_seconds: f64,
+    pub prefetch_issued: u64,
+    pub prefetch_used: u64,
+    pub prefetch_wasted: u64,
+    pub preload_issued: u64,
+    pub evictions: u64,
+    pub tokens: u64,
+    /// Router-based prediction of the next layer's experts: predicted, of which routed, and
+    /// experts routed in predicted layers.
+    pub predicted: u64,
+    pub predicted_correct: u64,
+    pub predicted_actual: u64,
+    /// Things worth telling the user once (e.g. a fall-back from direct to buffered reads).
+    pub notes: Vec<String>,
+}
+
+impl StoreStats {
+    /// Requests served without a demand read (ready, or already in flight).
+    pub fn hit_rate(&self) -> f64 {
+        frac(self.hits + self.inflight_hits, self.requests)
+    }
+    pub fn bytes_per_token(&self) -> f64 {
+        frac(self.bytes_read, self.tokens)
+    }
+    pub fn disk_gbps(&self) -> f64 {
+        if self.disk_busy_seconds > 0.0 {
+            self.bytes_read as f64 / self.disk_busy_seconds / 1e9
+        } else {
+            0.0
+        }
+    }
+    /// Of the experts the layers used, the share the predictor named.
+    pub fn prefetch_recall(&self) -> f64 {
+        frac(self.predicted_correct, self.predicted_actual)
+    }
+    /// Of the experts the predictor named, the share the layers used.
+    pub fn prefetch_precision(&self) -> f64 {
+        frac(self.predicted_correct, self.predicted)
+    }
+}
+
+fn frac(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+impl std::fmt::Display for StoreStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mb = |b: f64| b / (1u64 << 20) as f64;
+        writeln!(
+            f,
+            "expert cache: {} policy, {:.0} MiB budget = {} experts of {:.2} MiB; {} resident ({:.0} MiB)",
+            self.policy,
+            mb(self.budget_bytes as f64),
+            self.capacity_experts,
+            mb(self.expert_bytes as f64),
+            self.resident_experts,
+            mb(self.resident_bytes as f64)
+        )?;
+        writeln!(
+            f,
+            "requests {}: hit rate {:.1}% ({} ready, {} in flight, {} read on demand)",
+            self.requests,
+            100.0 * self.hit_rate(),
+            self.hits,
+            self.inflight_hits,
+            self.misses
+        )?;
+        writeln!(
+            f,
+            "read {:.1} MiB in {} reads ({} direct, {} readers), {:.2} MiB/token, disk {:.2} GB/s while busy",
+            mb(self.bytes_read as f64),
+            self.reads,
+            self.direct_reads,
+            self.readers,
+            mb(self.bytes_per_token()),
+            self.disk_gbps()
+        )?;
+        writeln!(
+            f,
+            "waiting on reads {:.3} s; disk busy {:.3} s",
+            self.wait_seconds, self.disk_busy_seconds
+        )?;
+        if self.prefetch_issued > 0 || self.predicted > 0 {
+            writeln!(
+                f,
+                "prefetch: {} issued, {} used, {} evicted unused; prediction recall {:.1}%, precision {:.1}%",
+                self.prefetch_issued,
+                self.prefetch_used,
+                self.prefetch_wasted,
+                100.0 * self.prefetch_recall(),
+                100.0 * self.prefetch_precision()
+            )?;
+        }
+        for n in &self.notes {
+            writeln!(f, "note: {n}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ExpertStore {
+    /// A store over `files` serving the experts of `specs[layer][expert]` (empty rows for
+    /// layers without routed experts). `hist` holds earlier counts (it seeds frequency
+    /// policies and picks pins); the store keeps counting into it.
+    pub fn new(
+        files: &[PathBuf],
+        specs: &[Vec<ExpertSpec>],
+        cfg: &StoreConfig,
+        hist: UsageHistogram,
+    ) -> Result<ExpertStore> {
+        let mut disk = Vec::with_capacity(files.len());
+        let mut notes = Vec::new();
+        for path in files {
+            let buffered = File::open(path).map_err(|e| Error::io(path, e))?;
+            advise_random(&buffered);
+            let direct = if cfg.direct {
+                match open_direct(path) {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        notes.push(format!(
+                            "{}: direct I/O unavailable ({e}); using buffered reads with page-cache eviction",
+                            path.display()
+                        ));
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            disk.push(DiskFile {
+                path: path.clone(),
+                buffered,
+                direct,
+                direct_ok: AtomicBool::new(true),
+            });
+        }
+        let lens: Vec<u64> = disk
+            .iter()
+            .map(|f| {
+                f.buffered
+                    .metadata()
+                    .map(|m| m.len())
+                    .map_err(|e| Error::io(&f.path, e))
+            })
+            .collect::<Result<_>>()?;
+        let mut plans = Vec::with_capacity(specs.len());
+        let mut expert_bytes = 0u64;
+        for (l, row) in specs.iter().enumerate() {
+            let mut prow = Vec::with_capacity(row.len());
+            for (e, spec) in row.iter().enumerate() {
+                let p = ReadPlan::new(spec, &lens).map_err(|msg| Error::CorruptFile {
+                    file: spec
+                        .parts
+                        .first()
+                        .and_then(|p| files.get(p.file))
+                        .cloned()
+                        .unwrap_or_default(),
+                    msg: format!("routed expert {e} of layer {l}: {msg}"),
+                })?;
+                expert_bytes = expert_bytes.max(p.len as u64);
+                prow.push(Some(p));
+            }
+            plans.push(prow);
+        }
+        let capacity = cfg.budget_bytes.checked_div(expert_bytes).unwrap_or(0) as usize;
+        let counts = hist.nonzero();
+        let policy = policy::build(&cfg.policy, capacity, Some(&counts), cfg.pin_share)?;
+        let policy_name = policy.name();
+        let readers = cfg.readers.max(1);
+        let shared = Arc::new(Shared {
+            files: disk,
+            plans,
+            state: Mutex::new(State {
+                policy,
+                entries: HashMap::new(),
+                resident_bytes: 0,
+                hist,
+            }),
+            jobs: Mutex::new(Jobs::default()),
+            jobs_cv: Condvar::new(),
+            c: Counters::default(),
+            busy: Mutex::new(Busy::default()),
+            expert_bytes,
+            budget_bytes: cfg.budget_bytes,
+            readers,
+            notes: Mutex::new(notes),
+        });
+        let threads = (0..readers)
+            .map(|i| {
+                let s = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("colibri-reader-{i}"))
+                    .spawn(move || reader_loop(&s))
+                    .map_err(|e| Error::io("reader thread", e))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(ExpertStore {
+            shared,
+            threads,
+            policy_name,
+            capacity,
+        })
+    }
+
+    /// Experts the budget holds.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+    /// Bytes of the largest expert's buffer.
+    pub fn expert_bytes(&self) -> u64 {
+        self.shared.expert_bytes
+    }
+    pub fn policy_name(&self) -> &str {
+        &self.policy_name
+    }
+
+    fn check_key(&self, key: Key) -> Result<()> {
+        let ok = self
+            .shared
+            .plans
+            .get(key.layer as usize)
+            .and_then(|r| r.get(key.expert as usize))
+            .is_some_and(|p| p.is_some());
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::invalid(
+                "expert",
+                format!("{key} is not a routed expert of this store"),
+            ))
+        }
+    }
+
+    /// Requests an expert the forward pass needs now. Counts it in the statistics and the
+    /// usage histogram; never blocks on I/O.
+    pub fn request(&self, key: Key) -> Result<Ticket> {
+        self.check_key(key)?;
+        let s = &self.shared;
+        s.c.requests.fetch_add(1, Ordering::Relaxed);
+        let mut st = lock(&s.state);
+        st.hist.add(key, 1);
+        let mut evicted = Vec::new();
+        st.policy.access(key, Access::Demand, &mut evicted);
+        self.drop_evicted(&mut st, &evicted);
+        if let Some(entry) = st.entries.get_mut(&key) {
+            if entry.speculative {
+                entry.speculative = false;
+                s.c.prefetch_used.fetch_add(1, Ordering::Relaxed);
+            }
+            return Ok(match &entry.slot {
+                Slot::Ready(b) => {
+                    s.c.hits.fetch_add(1, Ordering::Relaxed);
+                    Ticket::Ready(b.clone())
+                }
+                Slot::Loading(p) => {
+                    s.c.inflight_hits.fetch_add(1, Ordering::Relaxed);
+                    let p = p.clone();
+                    lock(&s.jobs).promote(&p);
+                    Ticket::Wait(key, PendingHandle(p))
+                }
+            });
+        }
+        s.c.misses.fetch_add(1, Ordering::Relaxed);
+        let p = Pending::new();
+        if st.policy.contains(key) {
+            st.entries.insert(
+                key,
+                Entry {
+                    slot: Slot::Loading(p.clone()),
+                    speculative: false,
+                },
+            );
+        }
+        drop(st);
+        self.enqueue(
+            Job {
+                key,
+                pending: p.clone(),
+            },
+            Access::Demand,
+            false,
+        );
+        Ok(Ticket::Wait(key, PendingHandle(p)))
+    }
+
+    /// Blocks until the ticket's expert is in RAM.
+    pub fn wait(&self, t: Ticket) -> Result<Arc<ExpertBuf>> {
+        match t {
+            Ticket::Ready(b) => Ok(b),
+            Ticket::Wait(_, h) => {
+                let t0 = Instant::now();
+                let r = h.0.wait();
+                self.shared
+                    .c
+                    .wait_ns
+                    .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                r.map_err(|(path, kind, msg)| Error::io(path, std::io::Error::new(kind, msg)))
+            }
+        }
+    }
+
+    /// Requests and waits: the expert's bytes.
+    pub fn get(&self, key: Key) -> Result<Arc<ExpertBuf>> {
+        let t = self.request(key)?;
+        self.wait(t)
+    }
+
+    /// Queues reads of the experts of `layer` that are not resident, behind demand reads.
+    /// Never blocks; unknown experts are ignored. Returns how many reads were queued.
+    pub fn prefetch(&self, layer: usize, experts: &[usize]) -> usize {
+        self.speculate(experts.iter().map(|&e| Key::new(layer, e)), false)
+    }
+
+    /// Queues background reads (behind demand and prefetch reads) of `keys`, e.g. the pinned
+    /// experts at start.
+    pub fn preload(&self, keys: &[Key]) -> usize {
+        self.speculate(keys.iter().copied(), true)
+    }
+
+    /// The hottest experts of `hist`, as many as the cache holds, hottest first: what
+    /// [`ExpertStore::preload`] should fetch at start (a pinned policy's pins come first).
+    pub fn preload_candidates(&self, hist: &UsageHistogram) -> Vec<Key> {
+        let st = lock(&self.shared.state);
+        let cap = st.policy.capacity();
+        let hot = policy::hottest(&hist.nonzero(), cap);
+        drop(st);
+        hot
+    }
+
+    fn speculate(&self, keys: impl Iterator<Item = Key>, background: bool) -> usize {
+        let s = &self.shared;
+        let mut queued = Vec::new();
+        {
+            let mut st = lock(&s.state);
+            for key in keys {
+                if self.check_key(key).is_err() || st.entries.contains_key(&key) {
+                    continue;
+                }
+                let mut evicted = Vec::new();
+                st.policy.access(key, Access::Prefetch, &mut evicted);
+                self.drop_evicted(&mut st, &evicted);
+                if !st.policy.contains(key) {
+                    continue;
+                }
+                let p = Pending::new();
+                st.entries.insert(
+                    key,
+                    Entry {
+                        slot: Slot::Loading(p.clone()),
+                        speculative: true,
+                    },
+                );
+                queued.push(Job { key, pending: p });
+            }
+        }
+        let n = queued.len() as u64;
+        let counter = if background {
+            &s.c.preload_issued
+        } else {
+            &s.c.prefetch_issued
+        };
+        counter.fetch_add(n, Ordering::Relaxed);
+        for j in queued {
+            self.enqueue(j, Access::Prefetch, background);
+        }
+        n as usize
+    }
+
+    fn enqueue(&self, job: Job, kind: Access, background: bool) {
+        let mut q = lock(&self.shared.jobs);
+        match (kind, background) {
+            (Access::Demand, _) => q.demand.push_back(job),
+            (Access::Prefetch, false) => q.prefetch.push_back(job),
+            (Access::Prefetch, true) => q.background.push_back(job),
+        }
+        drop(q);
+        self.shared.jobs_cv.notify_one();
+    }
+
+    fn drop_evicted(&self, st: &mut State, evicted: &[Key]) {
+        for v in evicted {
+            if let Some(e) = st.entries.remove(v) {
+                self.shared.c.evictions.fetch_add(1, Ordering::Relaxed);
+                if e.speculative {
+                    self.shared
+                        .c
+                        .prefetch_wasted
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                if let Slot::Ready(b) = &e.slot {
+                    st.resident_bytes -= b.size_bytes() as u64;
+                }
+            }
+        }
+    }
+
+    /// Counts generated or prefilled tokens, for bytes per token.
+    pub fn note_tokens(&self, n: u64) {
+        self.shared.c.tokens.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts one layer's prediction against what the router then chose.
+    pub fn note_prediction(&self, predicted: u64, correct: u64, actual: u64) {
+        let c = &self.shared.c;
+        c.predicted.fetch_add(predicted, Ordering::Relaxed);
+        c.predicted_correct.fetch_add(correct, Ordering::Relaxed);
+        c.predicted_actual.fetch_add(actual, Ordering::Relaxed);
+    }
+
+    /// Whether `key` is resident or being read.
+    pub fn contains(&self, key: Key) -> bool {
+        lock(&self.shared.state).entries.contains_key(&key)
+    }
+
+    /// A copy of the usage histogram (earlier runs plus this one).
+    pub fn histogram(&self) -> UsageHistogram {
+        lock(&self.shared.state).hist.clone()
+    }
+
+    pub fn save_histogram(&self, path: &Path) -> Result<()> {
+        self.histogram().save(path)
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        let s = &self.shared;
+        let c = &s.c;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (resident_experts, resident_bytes) = {
+            let st = lock(&s.state);
+            let ready = st
+                .entries
+                .values()
+                .filter(|e| matches!(e.slot, Slot::Ready(_)))
+                .count();
+            (ready, st.resident_bytes)
+        };
+        let busy = {
+            let b = lock(&s.busy);
+            b.ns + b.since.map_or(0, |t| t.elapsed().as_nanos() as u64)
+        };
+        StoreStats {
+            policy: self.policy_name.clone(),
+            budget_bytes: s.budget_bytes,
+            expert_bytes: s.expert_bytes,
+            capacity_experts: self.capacity,
+            resident_experts,
+            resident_bytes,
+            readers: s.readers,
+            requests: g(&c.requests),
+            hits: g(&c.hits),
+            inflight_hits: g(&c.inflight_hits),
+            misses: g(&c.misses),
+            bytes_read: g(&c.bytes_read),
+            reads: g(&c.reads),
+            direct_reads: g(&c.direct_reads),
+            read_errors: g(&c.read_errors),
+            read_seconds: g(&c.read_ns) as f64 * 1e-9,
+            disk_busy_seconds: busy as f64 * 1e-9,
+            wait_seconds: g(&c.wait_ns) as f64 * 1e-9,
+            prefetch_issued: g(&c.prefetch_issued),
+            prefetch_used: g(&c.prefetch_used),
+            prefetch_wasted: g(&c.prefetch_wasted),
+            preload_issued: g(&c.preload_issued),
+            evictions: g(&c.evictions),
+            tokens: g(&c.tokens),
+            predicted: g(&c.predicted),
+            predicted_correct: g(&c.predicted_correct),
+            predicted_actual: g(&c.predicted_actual),
+            notes: lock(&s.notes).clone(),
+        }
+    }
+}
+
+impl Drop for ExpertStore {
+    fn drop(&mut self) {
+        lock(&self.shared.jobs).shutdown = true;
+        self.shared.jobs_cv.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn reader_loop(s: &Shared) {
+    loop {
+        let job = {
+            let mut q = lock(&s.jobs);
+            loop {
+                if q.shutdown {
+                    // Nobody will read these; wake anyone still holding a ticket.
+                    while let Some(j) = q.pop() {
+                        j.pending.complete(Err((
+                            PathBuf::new(),
+                            std::io::ErrorKind::Interrupted,
+                            "the expert store was shut down".into(),
+                        )));
+                    }
+                    return;
+                }
+                if let Some(j) = q.pop() {
+                    break j;
+                }
+                q = s.jobs_cv.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        {
+            // A speculative read whose entry was evicted before it started, and that nobody
+            // waits for, is skipped. (Tickets are only handed out under the state lock.)
+            let st = lock(&s.state);
+            let live = matches!(st.entries.get(&job.key), Some(Entry { slot: Slot::Loading(p), .. }) if Arc::ptr_eq(p, &job.pending));
+            if !live && Arc::strong_count(&job.pending) == 1 {
+                continue;
+            }
+        }
+        let r = s.read(job.key);
+        let r: ReadResult = r.map(Arc::new);
+        job.pending.complete(r.clone());
+        let mut st = lock(&s.state);
+        let live = matches!(st.entries.get(&job.key), Some(Entry { slot: Slot::Loading(p), .. }) if Arc::ptr_eq(p, &job.pending));
+        if live {
+            match r {
+                Ok(buf) => {
+                    st.resident_bytes += buf.size_bytes() as u64;
+                    st.entries.get_mut(&job.key).expect("live").slot = Slot::Ready(buf);
+                }
+                Err(_) => {
+                    st.entries.remove(&job.key);
+                    st.policy.remove(job.key);
+                }
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn read(
+        &self,
+        key: Key,
+    ) -> std::result::Result<ExpertBuf, (PathBuf, std::io::ErrorKind, String)> {
+        let plan = self.plans[key.layer as usize][key.expert as usize]
+            .as_ref()
+            .expect("keys are checked before they are queued");
+        let fail = |path: &Path, e: std::io::Error| {
+            self.c.read_errors.fetch_add(1, Ordering::Relaxed);
+            (
+                path.to_path_buf(),
+                e.kind(),
+                format!("reading routed expert {key}: {e}"),
+            )
+        };
+        let mut buf = AlignedBuf::new(plan.len).map_err(|e| fail(Path::new("expert buffer"), e))?;
+        self.busy_start();
+        let t0 = Instant::now();
+        let mut result = Ok(());
+        for g in &plan.groups {
+            let f = &self.files[g.file];
+            if let Err(e) = self.read_group(f, g, &mut buf) {
+                result = Err(fail(&f.path, e));
+                break;
+            }
+        }
+        self.c
+            .read_ns
+            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.busy_end();
+        result?;
+        self.c.reads.fetch_add(1, Ordering::Relaxed);
+        Ok(ExpertBuf {
+            buf,
+            parts: plan.parts.clone(),
+        })
+    }
+
+    fn read_group(&self, f: &DiskFile, g: &ReadGroup, buf: &mut AlignedBuf) -> std::io::Result<()> {
+        let a0 = align_down(g.start);
+        let a1 = align_up(g.end);
+        if let Some(d) = f
+            .direct
+            .as_ref()
+            .filter(|_| f.direct_ok.load(Ordering::Relaxed))
+        {
+            let dst = &mut buf.as_mut_full()[g.buf_off..g.buf_off + (a1 - a0) as usize];
+            match read_fully(d, dst, a0, (g.end - a0) as usize) {
+                Ok(()) => {
+                    self.c.direct_reads.fetch_add(1, Ordering::Relaxed);
+                    self.c.bytes_read.fetch_add(a1 - a0, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(e) if e.raw_os_error() == Some(EINVAL) => {
+                    f.direct_ok.store(false, Ordering::Relaxed);
+                    lock(&self.notes).push(format!(
+                        "{}: direct reads refused ({e}); using buffered reads with page-cache eviction",
+                        f.path.display()
+                    ));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let off = g.buf_off + (g.start - a0) as usize;
+        let n = (g.end - g.start) as usize;
+        read_fully(
+            &f.buffered,
+            &mut buf.as_mut_full()[off..off + n],
+            g.start,
+            n,
+        )?;
+        drop_cached(&f.buffered, g.start, n as u64);
+        self.c.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn busy_start(&self) {
+        let mut b = lock(&self.busy);
+        if b.active == 0 {
+            b.since = Some(Instant::now());
+        }
+        b.active += 1;
+    }
+
+    fn busy_end(&self) {
+        let mut b = lock(&self.busy);
+        b.active -= 1;
+        if b.active == 0 {
+            if let Some(t) = b.since.take() {
+                b.ns += t.elapsed().as_nanos() as u64;
+            }
+        }
+    }
+}
+
+#[cfg(unix)]
+const EINVAL: i32 = libc::EINVAL;
+#[cfg(not(unix))]
+const EINVAL: i32 = 22;
+
+/// Reads into `dst` from `offset` until at least `need` bytes are in (direct reads ask for
+/// whole blocks and may get fewer at the end of the file).
+fn read_fully(f: &File, dst: &mut [u8], offset: u64, need: usize) -> std::io::Result<()> {
+    let mut got = 0usize;
+    while got < need {
+        match read_at(f, &mut dst[got..], offset + got as u64) {
+            Ok(0) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "file ends {} bytes into a {need}-byte read at {offset}",
+                        got
+                    ),
+                ))
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(unix)]
+fn read_at(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    std::os::unix::fs::FileExt::read_at(f, buf, offset)
+}
+
+#[cfg(windows)]
+fn read_at(f: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    std::os::windows::fs::FileExt::seek_read(f, buf, offset)
+}
+
+#[cfg(target_os = "linux")]
+fn open_direct(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+}
+
+#[cfg(target_os = "macos")]
+fn open_direct(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::io::AsRawFd;
+    let f = File::open(path)?;
+    // SAFETY: fcntl on a descriptor we own, with an integer argument.
+    if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_NOCACHE, 1) } == -1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(f)
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
+fn open_direct(_path: &Path) -> std::io::Result<File> {
+    Err(std::io::Error::new(
+        std::io::ErrorKind::Unsupported,
+        "not on this platform",
+    ))
+}
+
+/// Turns off the kernel's read-ahead for this descriptor.
+fn advise_random(f: &File) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: advisory call on a descriptor we own; failure only loses the hint.
+        unsafe {
+            libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM);
+        }
+    }
+    let _ = f;
+}
+
+/// Drops the page-cache copy of bytes just read: the expert cache holds them already.
+fn drop_cached(f: &File, offset: u64, len: u64) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: advisory call on a descriptor we own; failure only loses the hint.
+        unsafe {
+            libc::posix_fadvise(
+                f.as_raw_fd(),
+                offset as libc::off_t,
+                len as libc::off_t,
+                libc::POSIX_FADV_DONTNEED,
+            );
+        }
+    }
+    let _ = (f, offset, len);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A file whose byte at offset `i` is `f(i)`, in a temp folder on disk (not tmpfs when
+    /// the target folder is on disk; O_DIRECT falls back to buffered otherwise).
+    fn make_file(dir: &Path, len: usize) -> PathBuf {
+        let p = dir.join("experts.bin");
+        let mut f = File::create(&p).unwrap();
+        let bytes: Vec<u8> = (0..len).map(pattern).collect();
+        f.write_all(&bytes).unwrap();
+        p
+    }
+
+    fn pattern(i: usize) -> u8 {
+        (i.wrapping_mul(2654435761) >> 13) as u8
+    }
+
+    fn test_dir() -> tempfile::TempDir {
+        // target/ is on the real disk in this workspace, where O_DIRECT works; /tmp may be
+        // tmpfs. Either way the store must work (falling back to buffered reads).
+        let base = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/tmp");
+        std::fs::create_dir_all(&base).ok();
+        tempfile::tempdir_in(&base).unwrap_or_else(|_| tempfile::tempdir().unwrap())
+    }
+
+    /// `layers × experts` experts; each is three parts at unaligned offsets, like a Hub
+    /// checkpoint, with a gap between experts.
+    fn specs(layers: usize, experts: usize, part: u64) -> (Vec<Vec<ExpertSpec>>, usize) {
+        let mut off = 100u64;
+        let mut all = Vec::new();
+        for _ in 0..layers {
+            let mut row = Vec::new();
+            for _ in 0..experts {
+                let parts = (0..3)
+                    .map(|i| {
+                        let e = Extent {
+                            file: 0,
+                            offset: off,
+                            len: part + i,
+                        };
+                        off += part + i + 8;
+                        e
+                    })
+                    .collect();
+                off += 5000;
+                row.push(ExpertSpec { parts });
+            }
+            all.push(row);
+        }
+        (all, off as usize + 10)
+    }
+
+    fn check(buf: &ExpertBuf, spec: &ExpertSpec) {
+        for (i, p) in spec.parts.iter().enumerate() {
+            let got = buf.part(i);
+            assert_eq!(got.len() as u64, p.len);
+            for (j, &b) in got.iter().enumerate() {
+                assert_eq!(b, pattern(p.offset as usize + j), "part {i} byte {j}");
+            }
+        }
+    }
+
+    /// A store whose budget holds `n` experts.
+    fn open(
+        path: &Path,
+        specs: &[Vec<ExpertSpec>],
+        n: u64,
+        direct: bool,
+        readers: usize,
+        policy: &str,
+        hist: UsageHistogram,
+    ) -> ExpertStore {
+        let probe = ExpertStore::new(
+            &[path.to_path_buf()],
+            specs,
+            &cfg(0, 1, false, 1, "lru"),
+            hist.clone(),
+        )
+        .unwrap();
+        let eb = probe.expert_bytes();
+        drop(probe);
+        let st = ExpertStore::new(
+            &[path.to_path_buf()],
+            specs,
+            &cfg(n, eb, direct, readers, policy),
+            hist,
+        )
+        .unwrap();
+        assert_eq!(st.capacity() as u64, n);
+        st
+    }
+
+    fn cfg(
+        budget_experts: u64,
+        expert_bytes: u64,
+        direct: bool,
+        readers: usize,
+        policy: &str,
+    ) -> StoreConfig {
+        StoreConfig {
+            budget_bytes: budget_experts * expert_bytes,
+            policy: policy.into(),
+            pin_share: 0.5,
+            readers,
+            direct,
+        }
+    }
+
+    #[test]
+    fn plan_merges_close_parts_and_aligns_groups() {
+        let spec = ExpertSpec {
+            parts: vec![
+                Extent {
+                    file: 0,
+                    offset: 10_000,
+                    len: 100,
+                },
+                Extent {
+                    file: 0,
+                    offset: 5000,
+                    len: 100,
+                },
+                Extent {
+                    file: 1,
+                    offset: 0,
+                    len: 4096,
+                },
+                Extent {
+                    file: 0,
+                    offset: 1 << 20,
+                    len: 10,
+                },
+            ],
+        };
+        let p = ReadPlan::new(&spec, &[2 << 20, 4096]).unwrap();
+        assert_eq!(p.groups.len(), 3);
+        assert_eq!((p.groups[0].start, p.groups[0].end), (5000, 10_100));
+        assert!(p.groups.iter().all(|g| g.buf_off % ALIGN == 0));
+        // part 1 (offset 5000) is 5000 - 4096 = 904 bytes into the first group's buffer.
+        assert_eq!(p.parts[1], 904..1004);
+        assert_eq!(p.parts[0], 904 + 5000..904 + 5100);
+        assert!(
+            ReadPlan::new(&spec, &[2 << 20, 100]).is_err(),
+            "past the end of file 1"
+        );
+    }
+
+    /// Every policy, both I/O modes and several reader counts return the right bytes, and
+    /// the cache holds no more than the budget.
+    #[test]
+    fn reads_right_bytes_under_a_tiny_budget() {
+        let dir = test_dir();
+        let (specs, len) = specs(3, 6, 3000);
+        let path = make_file(dir.path(), len);
+        for direct in [true, false] {
+            for readers in [1, 4] {
+                for policy in ["lru", "lfu-admit", "arc", "pinned-lru"] {
+                    let store = open(
+                        &path,
+                        &specs,
+                        2,
+                        direct,
+                        readers,
+                        policy,
+                        UsageHistogram::new(3, 6),
+                    );
+                    let eb = store.expert_bytes();
+                    for round in 0..3 {
+                        for (l, row) in specs.iter().enumerate() {
+                            // Issue the whole layer first, then wait: reads overlap.
+                            let tickets: Vec<_> = (0..6)
+                                .map(|e| store.request(Key::new(l, (e + round) % 6)).unwrap())
+                                .collect();
+                            for (e, t) in tickets.into_iter().enumerate() {
+                                let b = store.wait(t).unwrap();
+                                check(&b, &row[(e + round) % 6]);
+                            }
+                        }
+                        let st = store.stats();
+                        assert!(st.resident_experts <= 2, "{policy}: {st}");
+                        assert!(st.resident_bytes <= 2 * eb, "{policy}: {st}");
+                    }
+                    let st = store.stats();
+                    assert_eq!(st.requests, 3 * 3 * 6);
+                    assert_eq!(st.hits + st.inflight_hits + st.misses, st.requests);
+                    assert!(
+                        st.misses >= st.requests - 2 * 3,
+                        "{policy}: a 2-expert cache cannot hit much"
+                    );
+                    if !direct {
+                        assert_eq!(st.direct_reads, 0);
+                    }
+                    if direct && st.direct_reads == 0 {
+                        // tmpfs and friends: the store said why.
+                        assert!(!st.notes.is_empty());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_large_budget_serves_repeats_from_ram() {
+        let dir = test_dir();
+        let (specs, len) = specs(2, 4, 5000);
+        let path = make_file(dir.path(), len);
+        let store = ExpertStore::new(
+            &[path],
+            &specs,
+            &cfg(100, 1 << 20, true, 2, "lru"),
+            UsageHistogram::new(2, 4),
+        )
+        .unwrap();
+        for _ in 0..3 {
+            for (l, row) in specs.iter().enumerate() {
+                for (e, spec) in row.iter().enumerate() {
+                    check(&store.get(Key::new(l, e)).unwrap(), spec);
+                }
+            }
+        }
+        let st = store.stats();
+        assert_eq!((st.requests, st.misses, st.hits), (24, 8, 16));
+        assert_eq!(st.resident_experts, 8);
+        let h = store.histogram();
+        assert_eq!(h.get(Key::new(1, 3)), 3);
+        assert_eq!(h.total(), 24);
+    }
+
+    #[test]
+    fn prefetch_then_demand_is_a_hit_and_counts_as_used() {
+        let dir = test_dir();
+        let (specs, len) = specs(2, 4, 5000);
+        let path = make_file(dir.path(), len);
+        let store = ExpertStore::new(
+            &[path],
+            &specs,
+            &cfg(100, 1 << 20, false, 2, "lru"),
+            UsageHistogram::new(2, 4),
+        )
+        .unwrap();
+        assert_eq!(
+            store.prefetch(1, &[0, 2, 99]),
+            2,
+            "the unknown expert is ignored"
+        );
+        assert_eq!(store.prefetch(1, &[0]), 0, "already queued");
+        check(&store.get(Key::new(1, 2)).unwrap(), &specs[1][2]);
+        let st = store.stats();
+        assert_eq!(st.misses, 0);
+        assert_eq!(st.hits + st.inflight_hits, 1);
+        assert_eq!((st.prefetch_issued, st.prefetch_used), (2, 1));
+        // Both speculative reads finish and stay.
+        for _ in 0..200 {
+            if store.stats().resident_experts == 2 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(store.stats().resident_experts, 2);
+    }
+
+    #[test]
+    fn preload_fills_without_counting_requests() {
+        let dir = test_dir();
+        let (specs, len) = specs(2, 4, 5000);
+        let path = make_file(dir.path(), len);
+        let mut hist = UsageHistogram::new(2, 4);
+        hist.add(Key::new(0, 3), 10);
+        hist.add(Key::new(1, 1), 5);
+        let store = open(&path, &specs, 4, false, 1, "pinned-lru", hist.clone());
+        let want = store.preload_candidates(&hist);
+        assert_eq!(want, vec![Key::new(0, 3), Key::new(1, 1)]);
+        assert_eq!(store.preload(&want), 2);
+        check(&store.get(Key::new(0, 3)).unwrap(), &specs[0][3]);
+        let st = store.stats();
+        assert_eq!((st.requests, st.misses, st.preload_issued), (1, 0, 2));
+        // The pins survive a sweep over everything else.
+        for l in 0..2 {
+            for e in 0..4 {
+                store.get(Key::new(l, e)).unwrap();
+            }
+        }
+        assert!(store.contains(Key::new(0, 3)) && store.contains(Key::new(1, 1)));
+    }
+
+    #[test]
+    fn bad_specs_and_keys_are_errors() {
+        let dir = test_dir();
+        let path = make_file(dir.path(), 1000);
+        let bad = vec![vec![ExpertSpec {
+            parts: vec![Extent {
+                file: 0,
+                offset: 900,
+                len: 200,
+            }],
+        }]];
+        let err = ExpertStore::new(
+            std::slice::from_ref(&path),
+            &bad,
+            &StoreConfig::default(),
+            UsageHistogram::new(1, 1),
+        )
+        .err()
+        .unwrap();
+        assert!(err.to_string().contains("past the end"), "{err}");
+        let good = vec![vec![ExpertSpec {
+            parts: vec![Extent {
+                file: 0,
+                offset: 0,
+                len: 1000,
+            }],
+        }]];
+        let store = ExpertStore::new(
+            &[path],
+            &good,
+            &StoreConfig::default(),
+            UsageHistogram::new(1, 1),
+        )
+        .unwrap();
+        assert!(store.get(Key::new(0, 1)).is_err());
+        assert!(store.get(Key::new(5, 0)).is_err());
+        assert_eq!(store.capacity(), 0);
+        // Capacity 0 still serves (nothing stays).
+        assert_eq!(
+            store.get(Key::new(0, 0)).unwrap().part(0)[..10],
+            (0..10).map(pattern).collect::<Vec<_>>()[..]
+        );
+        assert_eq!(store.stats().resident_experts, 0);
+    }
+
+    #[test]
+    fn a_file_truncated_underneath_is_an_error_not_a_hang() {
+        let dir = test_dir();
+        let path = make_file(dir.path(), 20_000);
+        let specs = vec![vec![ExpertSpec {
+            parts: vec![Extent {
+                file: 0,
+                offset: 10_000,
+                len: 9000,
+            }],
+        }]];
+        let store = ExpertStore::new(
+            std::slice::from_ref(&path),
+            &specs,
+            &cfg(1, 1 << 20, false, 1, "lru"),
+            UsageHistogram::new(1, 1),
+        )
+        .unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(12_000)
+            .unwrap();
+        let err = store.get(Key::new(0, 0)).unwrap_err();
+        assert!(matches!(err, Error::Io { .. }), "{err}");
+        assert_eq!(store.stats().read_errors, 1);
+        assert!(!store.contains(Key::new(0, 0)));
+    }
+}

@@ -1,0 +1,342 @@
+//! Routing traces: which experts each row of each forward step was routed to, layer by
+//! layer. Recorded by `coli trace` (through a [`super::RoutingObserver`]) and replayed by the
+//! simulator ([`super::sim`]).
+//!
+//! Stored as JSON (small: a token costs `layers × top_k` numbers) with a version, validated
+//! on read like every other file the engine reads.
+
+use super::Key;
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+pub const TRACE_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Trace {
+    pub version: u32,
+    /// Free text: the model folder or synthetic generator that produced it.
+    pub model: String,
+    /// Layers of the model (MoE or not); keys use the model's layer index.
+    pub n_layers: usize,
+    pub n_experts: usize,
+    pub top_k: usize,
+    /// Bytes of one routed expert (weights and scales), for byte counts.
+    pub expert_bytes: u64,
+    pub steps: Vec<TraceStep>,
+}
+
+/// One forward step: a prefill chunk (many rows) or a decode step (one row per sequence).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TraceStep {
+    pub rows: usize,
+    /// The MoE layers in the order the forward pass visited them.
+    pub layers: Vec<LayerRoutes>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LayerRoutes {
+    pub layer: usize,
+    /// Per row: the selected experts, in routing-weight order.
+    pub experts: Vec<Vec<u32>>,
+    /// Per row: their routing weights (same order). May be empty (synthetic traces).
+    #[serde(default)]
+    pub weights: Vec<Vec<f32>>,
+}
+
+impl LayerRoutes {
+    /// The experts this layer loads in this step: each selected expert once (batch-union),
+    /// in ascending order, which is the order the store requests them.
+    pub fn unique(&self) -> Vec<u32> {
+        let mut u: Vec<u32> = self.experts.iter().flatten().copied().collect();
+        u.sort_unstable();
+        u.dedup();
+        u
+    }
+}
+
+/// One expert request of a replayed trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub step: usize,
+    pub key: Key,
+}
+
+impl Trace {
+    pub fn new(
+        model: impl Into<String>,
+        n_layers: usize,
+        n_experts: usize,
+        top_k: usize,
+        expert_bytes: u64,
+    ) -> Trace {
+        Trace {
+            version: TRACE_VERSION,
+            model: model.into(),
+            n_layers,
+            n_experts,
+            top_k,
+            expert_bytes,
+            steps: Vec::new(),
+        }
+    }
+
+    /// Tokens (rows) over all steps.
+    pub fn tokens(&self) -> usize {
+        self.steps.iter().map(|s| s.rows).sum()
+    }
+
+    /// The request sequence the store sees: per step, per layer, the unique experts.
+    pub fn requests(&self) -> Vec<Request> {
+        let mut out = Vec::new();
+        for (i, s) in self.steps.iter().enumerate() {
+            for l in &s.layers {
+                for e in l.unique() {
+                    out.push(Request {
+                        step: i,
+                        key: Key::new(l.layer, e as usize),
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Checks every index against the declared shape.
+    pub fn validate(&self, src: &Path) -> Result<()> {
+        let bad = |msg: String| Error::CorruptFile {
+            file: src.to_path_buf(),
+            msg,
+        };
+        if self.version != TRACE_VERSION {
+            return Err(bad(format!(
+                "trace version {} (this build reads version {TRACE_VERSION})",
+                self.version
+            )));
+        }
+        if self.n_experts == 0 || self.top_k == 0 || self.top_k > self.n_experts {
+            return Err(bad(format!(
+                "n_experts {} and top_k {} make no MoE layer",
+                self.n_experts, self.top_k
+            )));
+        }
+        for (i, s) in self.steps.iter().enumerate() {
+            for l in &s.layers {
+                if l.layer >= self.n_layers {
+                    return Err(bad(format!(
+                        "step {i}: layer {} of {}",
+                        l.layer, self.n_layers
+                    )));
+                }
+                if l.experts.len() != s.rows {
+                    return Err(bad(format!(
+                        "step {i} layer {}: {} rows of experts for {} rows",
+                        l.layer,
+                        l.experts.len(),
+                        s.rows
+                    )));
+                }
+                if !l.weights.is_empty()
+                    && (l.weights.len() != s.rows
+                        || l.weights
+                            .iter()
+                            .zip(&l.experts)
+                            .any(|(w, e)| w.len() != e.len()))
+                {
+                    return Err(bad(format!(
+                        "step {i} layer {}: weights do not match experts",
+                        l.layer
+                    )));
+                }
+                if let Some(e) = l
+                    .experts
+                    .iter()
+                    .flatten()
+                    .find(|&&e| e as usize >= self.n_experts)
+                {
+                    return Err(bad(format!(
+                        "step {i} layer {}: expert {e} of {}",
+                        l.layer, self.n_experts
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn load(path: &Path) -> Result<Trace> {
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let t: Trace = serde_json::from_slice(&bytes).map_err(|e| Error::CorruptFile {
+            file: path.to_path_buf(),
+            msg: format!("not a routing trace: {e}"),
+        })?;
+        t.validate(path)?;
+        Ok(t)
+    }
+
+    /// Writes atomically (temp file, fsync, rename).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let bytes = serde_json::to_vec(self).expect("a trace serializes");
+        super::hist::write_atomic(path, &bytes)
+    }
+
+    /// A synthetic trace: `tokens` decode steps whose routing follows a Zipf-like popularity
+    /// per layer (exponent `s`; each layer ranks its experts in its own random order) with
+    /// `stickiness` the chance that a token reuses the previous token's expert in a slot.
+    /// For policy studies when no model trace is at hand.
+    pub fn synthetic(
+        n_layers: usize,
+        n_experts: usize,
+        top_k: usize,
+        tokens: usize,
+        s: f64,
+        stickiness: f64,
+        seed: u64,
+    ) -> Trace {
+        let mut rng = crate::sample::Xoshiro256::seed_from_u64(seed);
+        let mut uniform = move || rng.next_f64();
+        // Per layer: a random permutation mapping popularity rank -> expert.
+        let perms: Vec<Vec<u32>> = (0..n_layers)
+            .map(|_| {
+                let mut p: Vec<u32> = (0..n_experts as u32).collect();
+                for i in (1..p.len()).rev() {
+                    let j = (uniform() * (i + 1) as f64) as usize;
+                    p.swap(i, j.min(i));
+                }
+                p
+            })
+            .collect();
+        let weights: Vec<f64> = (1..=n_experts).map(|r| 1.0 / (r as f64).powf(s)).collect();
+        let total: f64 = weights.iter().sum();
+        let cdf: Vec<f64> = weights
+            .iter()
+            .scan(0.0, |acc, w| {
+                *acc += w / total;
+                Some(*acc)
+            })
+            .collect();
+        let mut t = Trace::new(
+            format!("synthetic zipf s={s} stickiness={stickiness} seed={seed}"),
+            n_layers,
+            n_experts,
+            top_k,
+            0,
+        );
+        let mut prev: Vec<Vec<u32>> = vec![Vec::new(); n_layers];
+        for _ in 0..tokens {
+            let mut layers = Vec::with_capacity(n_layers);
+            for (l, perm) in perms.iter().enumerate() {
+                let mut chosen: Vec<u32> = Vec::with_capacity(top_k);
+                for slot in 0..top_k {
+                    if let Some(&p) = prev[l].get(slot) {
+                        if uniform() < stickiness && !chosen.contains(&p) {
+                            chosen.push(p);
+                            continue;
+                        }
+                    }
+                    loop {
+                        let u = uniform();
+                        let r = cdf.partition_point(|&c| c < u).min(n_experts - 1);
+                        let e = perm[r];
+                        if !chosen.contains(&e) {
+                            chosen.push(e);
+                            break;
+                        }
+                    }
+                }
+                prev[l] = chosen.clone();
+                layers.push(LayerRoutes {
+                    layer: l,
+                    experts: vec![chosen],
+                    weights: Vec::new(),
+                });
+            }
+            t.steps.push(TraceStep { rows: 1, layers });
+        }
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> Trace {
+        let mut t = Trace::new("test", 2, 4, 2, 100);
+        t.steps.push(TraceStep {
+            rows: 2,
+            layers: vec![
+                LayerRoutes {
+                    layer: 0,
+                    experts: vec![vec![3, 1], vec![1, 2]],
+                    weights: vec![vec![0.6, 0.4], vec![0.5, 0.5]],
+                },
+                LayerRoutes {
+                    layer: 1,
+                    experts: vec![vec![0, 1], vec![0, 1]],
+                    weights: vec![],
+                },
+            ],
+        });
+        t
+    }
+
+    #[test]
+    fn requests_are_the_batch_union_per_layer() {
+        let r: Vec<(u32, u32)> = tiny()
+            .requests()
+            .iter()
+            .map(|r| (r.key.layer, r.key.expert))
+            .collect();
+        assert_eq!(r, vec![(0, 1), (0, 2), (0, 3), (1, 0), (1, 1)]);
+        assert_eq!(tiny().tokens(), 2);
+    }
+
+    #[test]
+    fn round_trip_and_validation() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.json");
+        tiny().save(&p).unwrap();
+        assert_eq!(Trace::load(&p).unwrap(), tiny());
+
+        let mut t = tiny();
+        t.steps[0].layers[0].experts[0][0] = 4;
+        assert!(t
+            .validate(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("expert 4 of 4"));
+        let mut t = tiny();
+        t.steps[0].layers[1].layer = 2;
+        assert!(t.validate(&p).is_err());
+        let mut t = tiny();
+        t.steps[0].rows = 3;
+        assert!(t.validate(&p).is_err());
+        let mut t = tiny();
+        t.steps[0].layers[0].weights[1].pop();
+        assert!(t.validate(&p).is_err());
+
+        std::fs::write(&p, b"{\"version\": 1}").unwrap();
+        assert!(matches!(Trace::load(&p), Err(Error::CorruptFile { .. })));
+    }
+
+    #[test]
+    fn synthetic_is_skewed_reproducible_and_valid() {
+        let a = Trace::synthetic(3, 16, 2, 500, 1.0, 0.0, 7);
+        assert_eq!(a, Trace::synthetic(3, 16, 2, 500, 1.0, 0.0, 7));
+        a.validate(Path::new("synthetic")).unwrap();
+        assert_eq!(a.requests().len(), 3 * 2 * 500);
+        let mut counts = [0usize; 16];
+        for r in a.requests().iter().filter(|r| r.key.layer == 0) {
+            counts[r.key.expert as usize] += 1;
+        }
+        counts.sort_unstable();
+        // Zipf(1) over 16: the most popular expert is picked far more often than the least.
+        assert!(counts[15] > 4 * counts[0].max(1), "{counts:?}");
+        for s in &a.steps {
+            for l in &s.layers {
+                assert_eq!(l.unique().len(), 2, "top-k experts are distinct");
+            }
+        }
+    }
+}

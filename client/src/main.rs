@@ -8,6 +8,9 @@ mod local;
 mod output;
 mod progress;
 mod run;
+mod bench;
+mod convert;
+mod synth;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -42,6 +45,12 @@ enum Command {
     Run(run::RunArgs),
     /// Teacher-forced logits of every position of a token sequence.
     Score(run::ScoreArgs),
+    /// Convert a Hugging Face checkpoint into a colibri container.
+    Convert(convert::ConvertArgs),
+    /// Write a random-weight model of a real architecture's shape (for benchmarks).
+    Synth(synth::SynthArgs),
+    /// Measure kernels against memory bandwidth, or a model's speed and memory.
+    Bench(bench::BenchArgs),
     // Engine tools (convert, synth, bench, plan, trace) are added here, each in its own module.
 }
 
@@ -49,6 +58,9 @@ fn dispatch(global: &Global, command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run(a) => run::run(global, a),
         Command::Score(a) => run::score(global, a),
+        Command::Convert(a) => convert::convert(a),
+        Command::Synth(a) => synth::synth(a),
+        Command::Bench(a) => bench::bench(a),
     }
 }
 

@@ -1,0 +1,46 @@
+//! `coli bench`: kernel throughput against the memory read bandwidth measured in the same run
+//! (`--kernels`), and a model's prefill/decode speed and peak RSS (`--model DIR`).
+
+use clap::Args;
+use colibri_engine::bench;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Measure the matvec kernels of every format against the read bandwidth.
+    #[arg(long)]
+    pub kernels: bool,
+    /// Measure this model (a container or Hub folder) fully in RAM.
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+    /// Threads [default: all cores].
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Weight matrix size for --kernels, MiB (larger than the L3 cache).
+    #[arg(long, default_value_t = 1024)]
+    pub size_mib: usize,
+    /// Prompt tokens to prefill (--model).
+    #[arg(long, default_value_t = 128)]
+    pub prompt: usize,
+    /// Tokens to decode (--model).
+    #[arg(long, default_value_t = 32)]
+    pub tokens: usize,
+}
+
+pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
+    if !a.kernels && a.model.is_none() {
+        anyhow::bail!("say what to measure: --kernels and/or --model DIR");
+    }
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if a.kernels {
+        print!("{}", bench::kernel_report(a.size_mib << 20, threads, 5));
+    }
+    if let Some(dir) = &a.model {
+        let r = bench::model_bench(dir, threads, a.prompt, a.tokens)?;
+        println!("model {}", dir.display());
+        print!("{r}");
+    }
+    Ok(())
+}

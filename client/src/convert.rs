@@ -1,0 +1,98 @@
+//! `coli convert`: a Hugging Face checkpoint folder → a colibri container (docs/FORMAT.md).
+//! The work is `engine::convert`; this file parses options and draws the progress bar.
+
+use anyhow::Context;
+use clap::Args;
+use colibri_engine::convert::{self, ConvertOptions, Progress};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct ConvertArgs {
+    /// The Hub checkpoint folder (config.json, *.safetensors; bf16, f16, f32 or FP8 e4m3).
+    #[arg(long, value_name = "HF_DIR")]
+    pub input: PathBuf,
+    /// The container folder to write (an interrupted conversion into it resumes).
+    #[arg(long, value_name = "DIR")]
+    pub output: PathBuf,
+    /// Format of the routed experts.
+    #[arg(long, default_value = "int4", value_parser = ["int4", "int8", "int2", "bf16"])]
+    pub experts: String,
+    /// Elements per scale of int4/int2 (32, 64, 128, ...; 0 = one scale per row).
+    #[arg(long, default_value_t = 64)]
+    pub group_size: u32,
+    /// Format of the other matrices (attention, shared experts, embeddings, lm_head);
+    /// routers and the sparse-attention indexer always stay exact.
+    #[arg(long, default_value = "bf16", value_parser = ["int8", "bf16"])]
+    pub dense: String,
+    /// Worker threads [default: all cores].
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+/// A byte-count bar with rate and ETA (hidden when stderr is not a terminal).
+pub struct Bar(pub ProgressBar);
+
+impl Bar {
+    pub fn new() -> Bar {
+        if !std::io::stderr().is_terminal() {
+            return Bar(ProgressBar::hidden());
+        }
+        let pb = ProgressBar::new(0);
+        pb.set_style(
+            ProgressStyle::with_template(
+                "{msg:28!} [{bar:30}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        Bar(pb)
+    }
+}
+
+impl Progress for Bar {
+    fn begin(&self, total: u64, _parts: usize, _done: usize) {
+        self.0.set_length(total);
+    }
+    fn advance(&self, bytes: u64) {
+        self.0.inc(bytes);
+    }
+    fn message(&self, msg: &str) {
+        self.0.set_message(msg.to_string());
+    }
+}
+
+pub fn convert(a: ConvertArgs) -> anyhow::Result<()> {
+    if let Some(t) = a.threads {
+        rayon_threads(t)?;
+    }
+    let opts = ConvertOptions {
+        input: a.input.clone(),
+        output: a.output.clone(),
+        experts: convert::parse_format(&a.experts, a.group_size)?,
+        dense: convert::parse_format(&a.dense, 0)?,
+    };
+    let bar = Bar::new();
+    let t = std::time::Instant::now();
+    let s = convert::convert(&opts, &bar)
+        .with_context(|| format!("converting {}", a.input.display()))?;
+    bar.0.finish_and_clear();
+    let secs = t.elapsed().as_secs_f64();
+    eprintln!(
+        "wrote {} ({} parts, {} already done): {:.2} GB in {:.1} s ({:.2} GB/s)",
+        a.output.display(),
+        s.parts,
+        s.resumed_parts,
+        s.bytes_written as f64 / 1e9,
+        secs,
+        s.bytes_written as f64 / 1e9 / secs.max(1e-9)
+    );
+    Ok(())
+}
+
+/// Sizes rayon's global pool (once per process).
+pub fn rayon_threads(n: usize) -> anyhow::Result<()> {
+    std::env::set_var("RAYON_NUM_THREADS", n.max(1).to_string());
+    Ok(())
+}

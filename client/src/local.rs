@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Instant;
 
 /// Prompt tokens fed per forward step; bounds the activation memory of a long prompt.
-const PREFILL_CHUNK: usize = 512;
+pub const PREFILL_CHUNK: usize = 512;
 
 /// Tokens generated when `--max-tokens` is not given (capped to the room left).
 pub const DEFAULT_MAX_TOKENS: usize = 256;

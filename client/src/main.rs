@@ -4,15 +4,21 @@
 //! own module with its own `clap::Args` struct and an entry function; to add a command, write
 //! `foo.rs`, add a variant to [`Command`] and one arm to [`dispatch`].
 
+mod bench;
+mod chat;
+mod completions;
+mod convert;
+mod daemon_discovery;
+mod doctor;
 mod local;
+mod manage;
 mod output;
 mod progress;
+mod remote;
 mod run;
-mod bench;
-mod convert;
 mod synth;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -37,6 +43,13 @@ pub struct Global {
     /// ~/.colibri/run/colibrid.sock].
     #[arg(long, global = true, env = "COLI_SOCKET", value_name = "PATH")]
     pub socket: Option<PathBuf>,
+    /// The daemon's state folder, passed to a daemon that coli starts [default:
+    /// $XDG_STATE_HOME/colibri, else ~/.local/state/colibri].
+    #[arg(long, global = true, env = "COLIBRI_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Never start colibrid: fail when it is not running.
+    #[arg(long, global = true, env = "COLI_NO_AUTOSTART")]
+    pub no_autostart: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -45,6 +58,26 @@ enum Command {
     Run(run::RunArgs),
     /// Teacher-forced logits of every position of a token sequence.
     Score(run::ScoreArgs),
+    /// Chat interactively; re-attaches to the last conversation.
+    Chat(chat::ChatArgs),
+    /// The daemon: version, memory, loaded models, expert caches, sessions.
+    Status(manage::InfoArgs),
+    /// Loaded models.
+    Ps(manage::InfoArgs),
+    /// Load a model into the daemon.
+    Load(manage::LoadArgs),
+    /// Unload a model (its sessions are saved).
+    Unload(manage::UnloadArgs),
+    /// Stop the daemon (it saves sessions, usage history and pins first).
+    Stop(manage::StopArgs),
+    /// List or delete conversations kept by the daemon.
+    Sessions(manage::SessionsArgs),
+    /// Pin experts in the cache (or list, or unpin them).
+    Pin(manage::PinArgs),
+    /// Check this machine and a model folder for readiness (changes nothing).
+    Doctor(doctor::DoctorArgs),
+    /// Print a shell completion script.
+    Completions(completions::CompletionsArgs),
     /// Convert a Hugging Face checkpoint into a colibri container.
     Convert(convert::ConvertArgs),
     /// Write a random-weight model of a real architecture's shape (for benchmarks).
@@ -61,6 +94,16 @@ fn dispatch(global: &Global, command: Command) -> anyhow::Result<()> {
         Command::Convert(a) => convert::convert(a),
         Command::Synth(a) => synth::synth(a),
         Command::Bench(a) => bench::bench(a),
+        Command::Chat(a) => chat::chat(global, a),
+        Command::Status(a) => manage::status(global, a),
+        Command::Ps(a) => manage::ps(global, a),
+        Command::Load(a) => manage::load(global, a),
+        Command::Unload(a) => manage::unload(global, a),
+        Command::Stop(a) => manage::stop(global, a),
+        Command::Sessions(a) => manage::sessions(global, a),
+        Command::Pin(a) => manage::pin(global, a),
+        Command::Doctor(a) => doctor::doctor(global, a),
+        Command::Completions(a) => completions::completions(a, Cli::command()),
     }
 }
 
@@ -74,5 +117,14 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn command_line_definition_is_consistent() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
     }
 }

@@ -31,6 +31,15 @@ pub struct RunStats {
     /// Decode speed over the tokens after the first.
     pub decode_tok_per_s: f64,
     pub seed: u64,
+    /// Tokens of a session's cache reused without prefill (daemon runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<usize>,
+    /// Time spent waiting for a slot in the daemon's engine.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_ms: Option<f64>,
+    /// Expert cache hits / lookups during the request (daemon runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expert_cache_hit_rate: Option<f64>,
 }
 
 impl RunStats {
@@ -46,8 +55,12 @@ impl RunStats {
             .load_s
             .map(|s| format!("load {s:.2} s, "))
             .unwrap_or_default();
+        let hits = self
+            .expert_cache_hit_rate
+            .map(|h| format!(", expert cache hit {:.1}%", h * 100.0))
+            .unwrap_or_default();
         format!(
-            "{load}prompt {} tok in {:.2} s ({:.1} tok/s), generated {} tok, decode {:.1} tok/s, seed {}",
+            "{load}prompt {} tok in {:.2} s ({:.1} tok/s), generated {} tok, decode {:.1} tok/s{hits}, seed {}",
             self.prompt_tokens,
             self.prefill_s,
             self.prefill_tok_per_s,
@@ -92,7 +105,12 @@ impl RunSink {
     }
 
     pub fn token(&mut self, id: u32, delta: &str) -> io::Result<()> {
-        self.ids.push(id);
+        self.tokens(&[id], delta)
+    }
+
+    /// Several tokens (one engine step) and the text that became final with them.
+    pub fn tokens(&mut self, ids: &[u32], delta: &str) -> io::Result<()> {
+        self.ids.extend_from_slice(ids);
         self.text.push_str(delta);
         if self.format == OutputFormat::Text && !delta.is_empty() {
             let mut out = io::stdout().lock();
@@ -159,7 +177,10 @@ pub fn print_score(format: OutputFormat, vocab: usize, logits: &[f32]) -> anyhow
             )?;
             writeln!(out)?;
         }
-        OutputFormat::Ids => writeln!(out, "{}", join_ids(&argmax))?,
+        OutputFormat::Ids => {
+            drop(out);
+            return print_argmax(&argmax);
+        }
         OutputFormat::Text => {
             for (pos, (row, best)) in rows.iter().zip(&argmax).enumerate() {
                 writeln!(
@@ -174,6 +195,14 @@ pub fn print_score(format: OutputFormat, vocab: usize, logits: &[f32]) -> anyhow
     Ok(())
 }
 
+/// Prints the argmax of each position, space separated, on one line.
+pub fn print_argmax(argmax: &[u32]) -> anyhow::Result<()> {
+    let mut out = io::stdout().lock();
+    writeln!(out, "{}", join_ids(argmax))?;
+    out.flush()?;
+    Ok(())
+}
+
 /// A closed stdout (`coli run ... | head`) ends the program quietly, not as an error.
 pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
@@ -183,4 +212,67 @@ pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
                 .and_then(|j| j.io_error_kind())
                 .is_some_and(|k| k == io::ErrorKind::BrokenPipe)
     })
+}
+
+/// Bytes in binary units, e.g. "1.5 GiB".
+pub fn fmt_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// A duration in the largest sensible units, e.g. "3m12s".
+pub fn fmt_secs(s: f64) -> String {
+    let s = s.max(0.0) as u64;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..=86399 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86400, s % 86400 / 3600),
+    }
+}
+
+/// Prints rows as left-aligned columns under a header.
+pub fn print_table(header: &[&str], rows: &[Vec<String>]) -> io::Result<()> {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = io::stdout().lock();
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{c:<w$}  "));
+            }
+        }
+        s
+    };
+    writeln!(out, "{}", line(header.to_vec()))?;
+    for r in rows {
+        writeln!(out, "{}", line(r.iter().map(String::as_str).collect()))?;
+    }
+    out.flush()
+}
+
+/// Prints one JSON document on stdout.
+pub fn print_json(v: &serde_json::Value) -> anyhow::Result<()> {
+    let mut out = io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, v)?;
+    writeln!(out)?;
+    out.flush()?;
+    Ok(())
 }

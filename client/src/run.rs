@@ -1,9 +1,9 @@
 //! `coli run` and `coli score`: the generation commands. Their arguments are declared here
 //! once; the work happens in-process ([`crate::local`], with `--local`) or in the daemon.
 
-use crate::local;
 use crate::output::OutputFormat;
 use crate::Global;
+use crate::{daemon_discovery, local, remote};
 use clap::Args;
 use colibri_engine::SamplingParams;
 use std::path::PathBuf;
@@ -175,18 +175,24 @@ pub struct ScoreArgs {
     pub output: OutputFormat,
 }
 
-pub fn run(_global: &Global, args: RunArgs) -> anyhow::Result<()> {
+pub fn run(global: &Global, args: RunArgs) -> anyhow::Result<()> {
     if args.target.local {
-        local::run(&args)
-    } else {
-        anyhow::bail!("the daemon path is not available in this build yet; add --local")
+        return local::run(&args);
     }
+    let rt = daemon_discovery::runtime()?;
+    rt.block_on(async {
+        let mut client = daemon_discovery::ensure(global).await?;
+        remote::run(&mut client, &args).await
+    })
 }
 
-pub fn score(_global: &Global, args: ScoreArgs) -> anyhow::Result<()> {
+pub fn score(global: &Global, args: ScoreArgs) -> anyhow::Result<()> {
     if args.target.local {
-        local::score(&args)
-    } else {
-        anyhow::bail!("the daemon path is not available in this build yet; add --local")
+        return local::score(&args);
     }
+    let rt = daemon_discovery::runtime()?;
+    rt.block_on(async {
+        let mut client = daemon_discovery::ensure(global).await?;
+        remote::score(&mut client, &args).await
+    })
 }

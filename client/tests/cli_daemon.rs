@@ -1,0 +1,386 @@
+//! `coli` through the daemon: the first command on a fresh socket starts `colibrid`
+//! detached, generation and scoring through it equal the in-process path exactly, and
+//! `coli stop` shuts it down.
+//!
+//! The daemon binary is found next to `coli` (as in an install); when it is missing there
+//! (e.g. `cargo test -p colibri-client` alone), it is built first.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Once;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+}
+
+/// Every fixture family present (each has ref.json).
+fn families() -> Vec<(String, PathBuf)> {
+    let mut f: Vec<_> = std::fs::read_dir(fixtures())
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|d| d.join("ref.json").exists())
+        .map(|d| (d.file_name().unwrap().to_string_lossy().into_owned(), d))
+        .collect();
+    f.sort();
+    assert!(!f.is_empty(), "no fixtures under {}", fixtures().display());
+    f
+}
+
+fn reference(dir: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(dir.join("ref.json")).unwrap()).unwrap()
+}
+
+fn ids_of(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn csv(ids: &[u32]) -> String {
+    ids.iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn ensure_daemon_binary() {
+    static BUILD: Once = Once::new();
+    BUILD.call_once(|| {
+        let coli = Path::new(env!("CARGO_BIN_EXE_coli"));
+        let daemon = coli.with_file_name(format!("colibrid{}", std::env::consts::EXE_SUFFIX));
+        if daemon.is_file() {
+            return;
+        }
+        let profile_dir = coli.parent().unwrap();
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "-p", "colibri-daemon", "--bin", "colibrid"]);
+        if profile_dir.ends_with("release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("run cargo build for colibrid");
+        assert!(
+            status.success() && daemon.is_file(),
+            "could not build {}",
+            daemon.display()
+        );
+    });
+}
+
+/// A daemon endpoint private to one test: its socket and state folder live in a temporary
+/// folder, and the daemon is stopped when the test ends (even on failure).
+struct Daemon {
+    dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    fn new() -> Daemon {
+        ensure_daemon_binary();
+        Daemon {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("run").join("colibrid.sock")
+    }
+
+    fn coli(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_coli"))
+            .arg("--socket")
+            .arg(self.socket())
+            .args(args)
+            .env("COLIBRI_STATE_DIR", self.dir.path().join("state"))
+            .env_remove("COLI_SOCKET")
+            .env_remove("COLI_NO_AUTOSTART")
+            .output()
+            .expect("spawn coli")
+    }
+
+    /// Runs coli and returns stdout, failing the test on a non-zero exit.
+    fn ok(&self, args: &[&str]) -> String {
+        let o = self.coli(args);
+        assert!(
+            o.status.success(),
+            "coli {args:?} failed: {}\ndaemon log: {}",
+            String::from_utf8_lossy(&o.stderr),
+            std::fs::read_to_string(self.dir.path().join("state/colibrid.log")).unwrap_or_default()
+        );
+        String::from_utf8(o.stdout).unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.coli(&["stop", "--timeout", "30"]);
+    }
+}
+
+fn local(args: &[&str]) -> String {
+    let o = Command::new(env!("CARGO_BIN_EXE_coli"))
+        .args(args)
+        .env("COLI_SOCKET", "/nonexistent/colibri-test.sock")
+        .output()
+        .expect("spawn coli");
+    assert!(
+        o.status.success(),
+        "coli {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+#[test]
+fn run_through_the_daemon_equals_local_and_transformers() {
+    let d = Daemon::new();
+    assert!(!d.socket().exists());
+    for (family, dir) in families() {
+        let r = reference(&dir);
+        let want = ids_of(&r["greedy_ids"]);
+        let prompt = csv(&ids_of(&r["prompt_ids"]));
+        let n = want.len().to_string();
+        let model = dir.to_str().unwrap();
+        let args = [
+            "run",
+            "--model",
+            model,
+            "--prompt-ids",
+            &prompt,
+            "--max-tokens",
+            &n,
+            "--temperature",
+            "0",
+            "--output",
+            "ids",
+        ];
+        // The first call starts the daemon on the private socket.
+        let remote = d.ok(&args);
+        let mut local_args = args.to_vec();
+        local_args.insert(1, "--local");
+        let in_process = local(&local_args);
+        assert_eq!(remote, in_process, "{family}: daemon and --local differ");
+        let got: Vec<u32> = remote
+            .split_whitespace()
+            .map(|t| t.parse().unwrap())
+            .collect();
+        assert_eq!(
+            got, want,
+            "{family}: daemon output differs from transformers"
+        );
+    }
+    assert!(
+        d.socket().exists(),
+        "the daemon was started on the given socket"
+    );
+    // The daemon kept every model loaded between the calls.
+    let status: Value = serde_json::from_str(&d.ok(&["status", "--output", "json"])).unwrap();
+    assert_eq!(status["running"], true);
+    assert_eq!(
+        status["models"].as_array().unwrap().len(),
+        families().len(),
+        "{status}"
+    );
+    assert_eq!(status["socket"], d.socket().to_str().unwrap());
+}
+
+#[test]
+fn text_prompt_and_score_through_the_daemon_equal_local() {
+    let d = Daemon::new();
+    let (_, dir) = families().remove(0);
+    let model = dir.to_str().unwrap();
+    for extra in [&[][..], &["--raw"][..]] {
+        let mut args = vec![
+            "run",
+            "--model",
+            model,
+            "--max-tokens",
+            "12",
+            "--temperature",
+            "0",
+            "--ignore-eos",
+            "--output",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        args.push("Tell me about the sea");
+        let remote: Value = serde_json::from_str(&d.ok(&args)).unwrap();
+        args.insert(1, "--local");
+        let in_process: Value = serde_json::from_str(&local(&args)).unwrap();
+        assert_eq!(remote["ids"], in_process["ids"], "{extra:?}");
+        assert_eq!(remote["text"], in_process["text"], "{extra:?}");
+        assert_eq!(remote["finish_reason"], "length");
+        assert_eq!(
+            remote["stats"]["prompt_tokens"], in_process["stats"]["prompt_tokens"],
+            "the daemon templates and tokenizes like the in-process path"
+        );
+    }
+
+    // Sampling with a seed is reproducible across the two paths too.
+    let sampled = [
+        "run",
+        "--model",
+        model,
+        "--prompt-ids",
+        "5,6,7",
+        "--max-tokens",
+        "10",
+        "--temperature",
+        "0.9",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "42",
+        "--ignore-eos",
+        "--output",
+        "ids",
+    ];
+    let remote = d.ok(&sampled);
+    let mut local_args = sampled.to_vec();
+    local_args.insert(1, "--local");
+    assert_eq!(remote, local(&local_args));
+
+    let ids = csv(&ids_of(&reference(&dir)["input_ids"]));
+    let remote: Value = serde_json::from_str(
+        &d.ok(&["score", "--model", model, "--ids", &ids, "--output", "json"]),
+    )
+    .unwrap();
+    let in_process: Value = serde_json::from_str(&local(&[
+        "score", "--local", "--model", model, "--ids", &ids, "--output", "json",
+    ]))
+    .unwrap();
+    assert_eq!(remote["argmax"], in_process["argmax"]);
+    assert_eq!(remote["logits"], in_process["logits"]);
+    assert_eq!(
+        d.ok(&["score", "--model", model, "--ids", &ids, "--output", "ids"]),
+        local(&["score", "--local", "--model", model, "--ids", &ids, "--output", "ids"])
+    );
+}
+
+#[test]
+fn daemon_errors_are_one_line_and_the_daemon_carries_on() {
+    let d = Daemon::new();
+    let (_, dir) = families().remove(0);
+    let model = dir.to_str().unwrap();
+    for (args, needle) in [
+        (
+            vec![
+                "run",
+                "--model",
+                model,
+                "--prompt-ids",
+                "1,99999999",
+                "--output",
+                "ids",
+            ],
+            "vocabulary",
+        ),
+        (
+            vec![
+                "run",
+                "--model",
+                model,
+                "--prompt-ids",
+                "1,2",
+                "--max-tokens",
+                "100000",
+            ],
+            "max_tokens",
+        ),
+        (
+            vec!["run", "--model", "/nonexistent/model", "--prompt-ids", "1"],
+            "nonexistent",
+        ),
+    ] {
+        let o = d.coli(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.starts_with("error: ") && err.contains(needle),
+            "{args:?}: {err}"
+        );
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // Still serving.
+    d.ok(&[
+        "run",
+        "--model",
+        model,
+        "--prompt-ids",
+        "1,2",
+        "--max-tokens",
+        "2",
+        "--output",
+        "ids",
+    ]);
+}
+
+#[test]
+fn stop_shuts_the_daemon_down_and_no_autostart_is_honoured() {
+    let d = Daemon::new();
+    // Nothing running and autostart off: a clear error, nothing started.
+    let o = d.coli(&["--no-autostart", "status"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not running"));
+    assert!(!d.socket().exists());
+
+    let status: Value = serde_json::from_str(&d.ok(&["status", "--output", "json"])).unwrap();
+    let pid = status["pid"].as_u64().unwrap();
+    assert!(pid > 0);
+    d.ok(&["stop"]);
+    assert!(!d.socket().exists(), "the daemon removed its socket");
+    let o = d.coli(&["--no-autostart", "ps"]);
+    assert_eq!(o.status.code(), Some(1), "the daemon is gone");
+    // Stopping again is not an error.
+    d.ok(&["stop"]);
+}
+
+#[test]
+fn chat_session_is_reattached_after_a_daemon_restart() {
+    let d = Daemon::new();
+    let (_, dir) = families().remove(0);
+    let model = dir.to_str().unwrap();
+    let chat = |input: &str, extra: &[&str]| {
+        use std::io::Write;
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_coli"));
+        cmd.arg("--socket")
+            .arg(d.socket())
+            .args(["chat", "--max-tokens", "6", "--temperature", "0"])
+            .args(extra)
+            .env("COLIBRI_STATE_DIR", d.dir.path().join("state"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert!(
+            o.status.success(),
+            "chat failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let err = chat("hello\n/stats\n", &["--model", model, "--new"]);
+    assert!(err.contains("tokens"), "a footer after the reply: {err}");
+    let sessions: Value = serde_json::from_str(&d.ok(&["sessions", "--output", "json"])).unwrap();
+    let id = sessions["sessions"][0]["id"].as_str().unwrap().to_string();
+    assert_eq!(sessions["sessions"][0]["messages"], 2);
+
+    d.ok(&["stop"]);
+    // No --model: coli re-attaches to the most recent session, restored from disk.
+    let err = chat("again\n", &[]);
+    assert!(err.contains(&format!("resumed session {id}")), "{err}");
+    assert!(err.contains("restored from disk"), "{err}");
+    let sessions: Value = serde_json::from_str(&d.ok(&["sessions", "--output", "json"])).unwrap();
+    assert_eq!(sessions["sessions"][0]["id"], id.as_str());
+    assert_eq!(sessions["sessions"][0]["messages"], 4);
+}

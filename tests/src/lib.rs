@@ -1,6 +1,8 @@
 //! Shared helpers for colibri's oracle and end-to-end tests: fixture discovery and the
 //! transformers reference files (`tests/fixtures/<family>/ref.json`).
 
+pub mod daemon;
+
 use std::path::PathBuf;
 
 /// `tests/fixtures` of this repository.

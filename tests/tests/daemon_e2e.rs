@@ -1,0 +1,769 @@
+//! End-to-end tests of `colibrid`: each test spawns the real daemon on a temporary socket
+//! and state directory and talks to it with the tonic client over the socket.
+
+use colibri_engine::{GenerateRequest, Generation, Model, SamplingParams};
+use colibri_proto::v1 as pb;
+use colibri_tests::daemon::Daemon;
+use colibri_tests::{fixture, Reference};
+use pb::colibri_client::ColibriClient;
+use pb::generate_event::Event;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+/// Families whose fixture the engine must reproduce exactly (transformers' greedy ids).
+const ORACLE_FAMILIES: &[&str] = &["olmoe", "qwen3_moe", "mixtral"];
+/// Every fixture; those the engine cannot load yet are skipped (and say so).
+const ALL_FAMILIES: &[&str] = &[
+    "olmoe",
+    "qwen3_moe",
+    "mixtral",
+    "deepseek_v3",
+    "glm4_moe",
+    "glm_moe_dsa",
+];
+
+struct Place {
+    _dir: tempfile::TempDir,
+    socket: PathBuf,
+    state: PathBuf,
+}
+
+/// A socket in a directory that does not exist yet (the daemon creates it 0700).
+fn place() -> Place {
+    let dir = tempfile::tempdir().unwrap();
+    Place {
+        socket: dir.path().join("run").join("colibrid.sock"),
+        state: dir.path().join("state"),
+        _dir: dir,
+    }
+}
+
+fn start(p: &Place, args: &[&str]) -> Daemon {
+    Daemon::start(&p.socket, &p.state, args)
+}
+
+#[derive(Debug, Default)]
+struct Run {
+    ids: Vec<u32>,
+    text: String,
+    logits: Vec<Vec<f32>>,
+    finish: i32,
+    stats: Option<pb::GenerationStats>,
+    session: String,
+}
+
+async fn collect(mut s: tonic::Streaming<pb::GenerateEvent>) -> Result<Run, Status> {
+    let mut run = Run::default();
+    while let Some(ev) = s.message().await? {
+        match ev.event {
+            Some(Event::Started(st)) => run.session = st.session_id,
+            Some(Event::Tokens(t)) => {
+                run.ids.extend(&t.ids);
+                run.text.push_str(&t.text);
+                if !t.logits.is_empty() {
+                    run.logits.push(t.logits);
+                }
+            }
+            Some(Event::Finished(f)) => {
+                run.finish = f.reason;
+                run.stats = f.stats;
+            }
+            None => {}
+        }
+    }
+    Ok(run)
+}
+
+async fn generate(c: &mut ColibriClient<Channel>, req: pb::GenerateRequest) -> Result<Run, Status> {
+    collect(c.generate(req).await?.into_inner()).await
+}
+
+fn greedy(model: &str, prompt: &[u32], max_tokens: u32) -> pb::GenerateRequest {
+    pb::GenerateRequest {
+        model: model.to_string(),
+        prompt_ids: prompt.to_vec(),
+        options: Some(pb::GenerationOptions {
+            max_tokens,
+            ignore_eos: true,
+            sampling: Some(pb::SamplingParams {
+                temperature: Some(0.0),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Loads a fixture through LoadModel and returns its canonical id.
+async fn load(c: &mut ColibriClient<Channel>, dir: &Path) -> String {
+    let mut s = c
+        .load_model(pb::LoadModelRequest {
+            model: dir.display().to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut last = None;
+    while let Some(p) = s.message().await.unwrap() {
+        last = Some(p);
+    }
+    let last = last.expect("LoadModel sent progress");
+    assert_eq!(last.stage, pb::load_model_progress::Stage::Ready as i32);
+    last.info.unwrap().id
+}
+
+/// The in-process answer: `Generation::run` on the same model.
+fn local_greedy(dir: &Path, prompt: &[u32], max_tokens: usize) -> Vec<u32> {
+    let model = Model::load(dir).unwrap();
+    let req = GenerateRequest {
+        prompt: prompt.to_vec(),
+        max_tokens,
+        sampling: SamplingParams::default(),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let mut g = Generation::new(&model, model.new_cache(), req).unwrap();
+    g.run(&model, 64, |_| {}).unwrap();
+    g.generated().to_vec()
+}
+
+fn loadable(family: &str) -> bool {
+    let dir = fixture(family);
+    if !dir.join("config.json").exists() {
+        eprintln!("{family}: no fixture, skipped");
+        return false;
+    }
+    match Model::load(&dir) {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("{family}: the engine cannot load it yet ({e}), skipped");
+            false
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_socket_permissions_and_single_instance() {
+    let p = place();
+    let mut d = start(&p, &[]);
+    let mut c = d.client().await;
+    let st = c.status(pb::StatusRequest {}).await.unwrap().into_inner();
+    assert_eq!(st.pid, d.child.id());
+    assert_eq!(st.version, env!("CARGO_PKG_VERSION"));
+    assert!(st.models.is_empty());
+    assert!(st.uptime_seconds >= 0.0);
+    assert_eq!(
+        Path::new(&st.state_dir),
+        p.state.canonicalize().unwrap_or(p.state.clone())
+    );
+
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        let md = std::fs::metadata(&p.socket).unwrap();
+        assert!(md.file_type().is_socket());
+        assert_eq!(md.permissions().mode() & 0o777, 0o600, "socket mode");
+        let dir = std::fs::metadata(p.socket.parent().unwrap()).unwrap();
+        assert_eq!(
+            dir.permissions().mode() & 0o777,
+            0o700,
+            "socket directory mode"
+        );
+    }
+
+    // A second daemon on the same socket refuses to start, and says why.
+    let log = p.state.with_extension("second.log");
+    let mut second = Daemon::spawn(&p.socket, &p.state, &[], &log);
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = second.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "second daemon kept running"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let msg = std::fs::read_to_string(&log).unwrap();
+    assert!(!status.success(), "second daemon exited 0");
+    assert!(msg.contains("already running"), "unclear refusal: {msg}");
+    // The first one is unharmed.
+    c.status(pb::StatusRequest {}).await.unwrap();
+
+    // SIGKILL leaves a stale socket file; the next daemon replaces it.
+    d.kill();
+    assert!(p.socket.exists(), "stale socket left by SIGKILL");
+    let d2 = start(&p, &[]);
+    let mut c2 = d2.client().await;
+    c2.status(pb::StatusRequest {}).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generate_equals_reference_and_local_on_every_fixture() {
+    let p = place();
+    let d = start(&p, &[]);
+    let mut c = d.client().await;
+    let mut checked = 0;
+    for family in ALL_FAMILIES {
+        if !loadable(family) {
+            continue;
+        }
+        let dir = fixture(family);
+        let r = Reference::load(family);
+        let id = load(&mut c, &dir).await;
+        assert_eq!(Path::new(&id), dir.canonicalize().unwrap());
+        let n = r.greedy_ids.len();
+        let run = generate(&mut c, greedy(&id, &r.prompt_ids, n as u32))
+            .await
+            .unwrap();
+        let local = local_greedy(&dir, &r.prompt_ids, n);
+        assert_eq!(
+            run.ids, local,
+            "{family}: daemon vs in-process Generation::run"
+        );
+        if ORACLE_FAMILIES.contains(family) {
+            assert_eq!(
+                run.ids, r.greedy_ids,
+                "{family}: daemon vs transformers greedy_ids"
+            );
+        } else if run.ids != r.greedy_ids {
+            eprintln!("{family}: daemon == local, but not yet == transformers greedy_ids");
+        }
+        assert_eq!(run.finish, pb::FinishReason::Length as i32);
+        let stats = run.stats.unwrap();
+        assert_eq!(stats.prompt_tokens as usize, r.prompt_ids.len());
+        assert_eq!(stats.generated_tokens as usize, n);
+        assert!(stats.time_to_first_token_ms > 0.0);
+        // Score through the daemon: teacher-forced argmax equals the engine's.
+        let score = c
+            .score(pb::ScoreRequest {
+                model: id.clone(),
+                ids: r.input_ids.clone(),
+                argmax_only: false,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let vocab = score.vocab_size as usize;
+        assert_eq!(score.logits.len(), r.input_ids.len() * vocab);
+        let model = Model::load(&dir).unwrap();
+        assert_eq!(
+            score.logits,
+            model.score(&r.input_ids).unwrap(),
+            "{family}: Score logits"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 1, "no fixture could be checked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_get_their_solo_output() {
+    let p = place();
+    let d = start(&p, &["--prefill-chunk", "4"]);
+    let mut c = d.client().await;
+    let dir = fixture("olmoe");
+    let r = Reference::load("olmoe");
+    let id = load(&mut c, &dir).await;
+    let a: Vec<u32> = r.prompt_ids.clone();
+    let b: Vec<u32> = r.prompt_ids.iter().rev().map(|t| (t + 7) % 500).collect();
+    let solo_a = generate(&mut c, greedy(&id, &a, 48)).await.unwrap().ids;
+    let solo_b = generate(&mut c, greedy(&id, &b, 48)).await.unwrap().ids;
+    assert_ne!(solo_a, solo_b);
+    for _ in 0..2 {
+        let (mut c1, mut c2) = (d.client().await, d.client().await);
+        let (ra, rb) = tokio::join!(
+            generate(&mut c1, greedy(&id, &a, 48)),
+            generate(&mut c2, greedy(&id, &b, 48))
+        );
+        assert_eq!(ra.unwrap().ids, solo_a, "client A while B ran");
+        assert_eq!(rb.unwrap().ids, solo_b, "client B while A ran");
+    }
+    // The steps really were shared: fewer steps than tokens generated.
+    let st = c.status(pb::StatusRequest {}).await.unwrap().into_inner();
+    let m = &st.models[0];
+    assert!(
+        m.steps < m.tokens_generated,
+        "steps {} vs tokens {}",
+        m.steps,
+        m.tokens_generated
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_client_frees_its_slot_and_full_queue_is_resource_exhausted() {
+    let p = place();
+    let d = start(&p, &["--max-batch", "1", "--queue", "0"]);
+    let mut c = d.client().await;
+    let dir = fixture("olmoe");
+    let r = Reference::load("olmoe");
+    let id = load(&mut c, &dir).await;
+    let long = greedy(&id, &r.prompt_ids, 200);
+
+    // A long generation holds the only slot...
+    let mut c1 = d.client().await;
+    let mut s = c1.generate(long.clone()).await.unwrap().into_inner();
+    s.message().await.unwrap().expect("started");
+    s.message().await.unwrap().expect("first tokens");
+    // ...so another request is refused with RESOURCE_EXHAUSTED and a clear message.
+    let err = c.generate(greedy(&id, &r.prompt_ids, 4)).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("busy"), "{}", err.message());
+
+    // The client goes away mid-stream: its generation is cancelled and the slot freed.
+    drop(s);
+    drop(c1);
+    let t = Instant::now();
+    let run = loop {
+        match generate(&mut c, greedy(&id, &r.prompt_ids, 4)).await {
+            Ok(run) => break run,
+            Err(e)
+                if e.code() == Code::ResourceExhausted && t.elapsed() < Duration::from_secs(10) =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Err(e) => panic!("slot not freed: {e:?}"),
+        }
+    };
+    assert_eq!(run.ids, r.greedy_ids[..4]);
+    let st = c.status(pb::StatusRequest {}).await.unwrap().into_inner();
+    assert_eq!(st.models[0].active_generations, 0);
+    assert!(
+        st.models[0].tokens_generated < 200,
+        "the dropped generation ran to the end"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_requests_are_invalid_argument_and_the_daemon_carries_on() {
+    let p = place();
+    let d = start(&p, &[]);
+    let mut c = d.client().await;
+    let dir = fixture("olmoe");
+    let r = Reference::load("olmoe");
+    let id = load(&mut c, &dir).await;
+
+    let expect = |res: Result<Run, Status>, code: Code, needle: &str| {
+        let e = res.expect_err("request should be refused");
+        assert_eq!(e.code(), code, "{e:?}");
+        assert!(
+            e.message().contains(needle),
+            "'{}' does not name '{needle}'",
+            e.message()
+        );
+    };
+    // A token id outside the vocabulary (512).
+    expect(
+        generate(&mut c, greedy(&id, &[1, 2, 100_000], 4)).await,
+        Code::InvalidArgument,
+        "prompt",
+    );
+    // NaN and negative temperature.
+    for t in [f32::NAN, -1.0] {
+        let mut req = greedy(&id, &r.prompt_ids, 4);
+        req.options
+            .as_mut()
+            .unwrap()
+            .sampling
+            .as_mut()
+            .unwrap()
+            .temperature = Some(t);
+        expect(
+            generate(&mut c, req).await,
+            Code::InvalidArgument,
+            "temperature",
+        );
+    }
+    // A prompt longer than the context (256).
+    let long: Vec<u32> = (0..300).map(|i| i % 500).collect();
+    expect(
+        generate(&mut c, greedy(&id, &long, 4)).await,
+        Code::InvalidArgument,
+        "prompt",
+    );
+    // max_tokens beyond the context, and zero.
+    expect(
+        generate(&mut c, greedy(&id, &r.prompt_ids, 1000)).await,
+        Code::InvalidArgument,
+        "max_tokens",
+    );
+    expect(
+        generate(&mut c, greedy(&id, &r.prompt_ids, 0)).await,
+        Code::InvalidArgument,
+        "max_tokens",
+    );
+    // Both prompt fields.
+    let mut both = greedy(&id, &r.prompt_ids, 4);
+    both.prompt_text = "hello".into();
+    expect(
+        generate(&mut c, both).await,
+        Code::InvalidArgument,
+        "prompt_ids",
+    );
+    // A model that is not loaded, one that does not exist, a bad session id.
+    expect(
+        generate(
+            &mut c,
+            greedy(&fixture("mixtral").display().to_string(), &[1], 4),
+        )
+        .await,
+        Code::NotFound,
+        "not loaded",
+    );
+    expect(
+        generate(&mut c, greedy("/no/such/model", &[1], 4)).await,
+        Code::NotFound,
+        "/no/such/model",
+    );
+    let mut bad_session = greedy(&id, &[1], 4);
+    bad_session.session_id = "../etc".into();
+    expect(
+        generate(&mut c, bad_session).await,
+        Code::InvalidArgument,
+        "session_id",
+    );
+    // Score: out-of-vocabulary ids.
+    let e = c
+        .score(pb::ScoreRequest {
+            model: id.clone(),
+            ids: vec![3, 999_999],
+            argmax_only: true,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("ids"), "{}", e.message());
+
+    // Nothing of that disturbed the daemon.
+    let run = generate(
+        &mut c,
+        greedy(&id, &r.prompt_ids, r.greedy_ids.len() as u32),
+    )
+    .await
+    .unwrap();
+    assert_eq!(run.ids, r.greedy_ids);
+}
+
+/// Turn 1, then turn 2 with logits; `restart` stops and restarts the daemon in between.
+async fn two_turns(p: &Place, session: &str, restart: bool) -> (Run, Run) {
+    let dir = fixture("olmoe");
+    let r = Reference::load("olmoe");
+    let turn2: Vec<u32> = vec![12, 400, 33];
+    let mut d = start(p, &[]);
+    let mut c = d.client().await;
+    let id = load(&mut c, &dir).await;
+    c.create_session(pb::CreateSessionRequest {
+        model: id.clone(),
+        id: session.into(),
+    })
+    .await
+    .unwrap();
+    let mut req = greedy(&id, &r.prompt_ids, 6);
+    req.session_id = session.into();
+    let first = generate(&mut c, req).await.unwrap();
+    if restart {
+        drop(c);
+        let st = d.terminate();
+        assert!(st.success(), "SIGTERM exit: {st}\n{}", d.log_text());
+        assert!(p
+            .state
+            .join("sessions")
+            .join(format!("{session}.kv"))
+            .exists());
+        d = start(p, &[]);
+        c = d.client().await;
+        let resumed = c
+            .resume_session(pb::ResumeSessionRequest {
+                id: session.into(),
+                load_model: true,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(resumed.restored_from_disk);
+        let info = resumed.session.unwrap();
+        // The prompt and all generated tokens but the last (pending) are cached.
+        assert_eq!(info.cached_tokens as usize, r.prompt_ids.len() + 5);
+        assert_eq!(info.history_tokens as usize, r.prompt_ids.len() + 6);
+    }
+    let mut req = greedy(&id, &turn2, 6);
+    req.session_id = session.into();
+    req.options.as_mut().unwrap().return_logits = true;
+    let second = generate(&mut c, req).await.unwrap();
+    // No re-prefill: only the pending token and the new prompt were fed.
+    let stats = second.stats.clone().unwrap();
+    assert_eq!(stats.cached_tokens as usize, r.prompt_ids.len() + 5);
+    assert_eq!(stats.prompt_tokens as usize, 1 + turn2.len());
+    (first, second)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_resumed_after_restart_continues_with_the_same_logits() {
+    let (p1, p2) = (place(), place());
+    let (a1, a2) = two_turns(&p1, "uninterrupted", false).await;
+    let (b1, b2) = two_turns(&p2, "restarted", true).await;
+    assert_eq!(a1.ids, b1.ids);
+    assert_eq!(a2.ids, b2.ids);
+    assert_eq!(a2.logits.len(), 6);
+    assert_eq!(
+        a2.logits, b2.logits,
+        "logits after restart differ from the uninterrupted session"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_leaves_state_the_next_start_reads_or_sets_aside() {
+    let p = place();
+    let dir = fixture("olmoe");
+    let r = Reference::load("olmoe");
+    // Sessions are saved as soon as they are idle, so a SIGKILL lands during or after a save.
+    let mut d = start(&p, &["--session-save-after", "0"]);
+    let mut c = d.client().await;
+    let id = load(&mut c, &dir).await;
+    for s in ["keep1", "keep2", "cut", "flipped"] {
+        c.create_session(pb::CreateSessionRequest {
+            model: id.clone(),
+            id: s.into(),
+        })
+        .await
+        .unwrap();
+        let mut req = greedy(&id, &r.prompt_ids, 3);
+        req.session_id = s.into();
+        generate(&mut c, req).await.unwrap();
+    }
+    // Wait for the idle save, then kill without warning.
+    let sessions = p.state.join("sessions");
+    let t = Instant::now();
+    while !["keep1", "keep2", "cut", "flipped"]
+        .iter()
+        .all(|s| sessions.join(format!("{s}.kv")).exists())
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "idle sessions were not saved"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(c);
+    d.kill();
+
+    // Damage of every kind a crash or a disk can leave: a half-written temp file, a
+    // snapshot cut short, one with a flipped byte, one that is not a snapshot at all.
+    let good = std::fs::read(sessions.join("keep1.kv")).unwrap();
+    std::fs::write(sessions.join("half.kv.4242.tmp"), &good[..good.len() / 2]).unwrap();
+    let cut = std::fs::read(sessions.join("cut.kv")).unwrap();
+    std::fs::write(sessions.join("cut.kv"), &cut[..cut.len() - 100]).unwrap();
+    let mut flipped = std::fs::read(sessions.join("flipped.kv")).unwrap();
+    let n = flipped.len();
+    flipped[n - 50] ^= 0x10;
+    std::fs::write(sessions.join("flipped.kv"), &flipped).unwrap();
+    std::fs::write(sessions.join("junk.kv"), b"definitely not a snapshot").unwrap();
+
+    let d = start(&p, &[]);
+    let mut c = d.client().await;
+    let st = c.status(pb::StatusRequest {}).await.unwrap().into_inner();
+    let names: Vec<&str> = st.sessions.iter().map(|s| s.id.as_str()).collect();
+    assert!(
+        names.contains(&"keep1") && names.contains(&"keep2"),
+        "{names:?}"
+    );
+    assert!(!names.contains(&"junk"), "{names:?}");
+    assert!(
+        !sessions.join("half.kv.4242.tmp").exists(),
+        "temp file not cleaned up"
+    );
+    assert!(
+        !sessions.join("junk.kv").exists(),
+        "junk snapshot not set aside"
+    );
+    let aside = |stem: &str| {
+        std::fs::read_dir(&sessions).unwrap().flatten().any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("{stem}.kv."))
+                && e.file_name().to_string_lossy().ends_with(".bad")
+        })
+    };
+    assert!(aside("junk"));
+
+    // The intact session resumes; the damaged ones are refused (DATA_LOSS) and set aside.
+    let ok = c
+        .resume_session(pb::ResumeSessionRequest {
+            id: "keep1".into(),
+            load_model: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        ok.session.unwrap().cached_tokens as usize,
+        r.prompt_ids.len() + 2
+    );
+    for bad in ["cut", "flipped"] {
+        let e = c
+            .resume_session(pb::ResumeSessionRequest {
+                id: bad.into(),
+                load_model: true,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::DataLoss, "{bad}: {e:?}");
+        assert!(aside(bad), "{bad} not set aside");
+        assert!(!sessions.join(format!("{bad}.kv")).exists());
+    }
+    // And the daemon serves on.
+    let run = generate(&mut c, greedy(&id, &r.prompt_ids, 4))
+        .await
+        .unwrap();
+    assert_eq!(run.ids, r.greedy_ids[..4]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_session_reuses_its_cache_and_shutdown_rpc_exits_cleanly() {
+    let dir = fixture("qwen3_moe");
+    let p = place();
+    let mut d = start(&p, &[]);
+    let mut c = d.client().await;
+    let id = load(&mut c, &dir).await;
+    let msg = |role: &str, content: &str| pb::ChatMessage {
+        role: role.into(),
+        content: content.into(),
+    };
+    let chat = |session: &str, m: Vec<pb::ChatMessage>| pb::ChatRequest {
+        model: id.clone(),
+        messages: m,
+        session_id: session.into(),
+        options: Some(pb::GenerationOptions {
+            max_tokens: 5,
+            ignore_eos: true,
+            ..Default::default()
+        }),
+    };
+    match c.chat(chat("", vec![msg("user", "hello")])).await {
+        Err(e) if e.code() == Code::FailedPrecondition => {
+            eprintln!(
+                "chat template unavailable in this build ({}); chat part skipped",
+                e.message()
+            );
+        }
+        Err(e) => panic!("{e:?}"),
+        Ok(s) => {
+            let solo = collect(s.into_inner()).await.unwrap();
+            assert_eq!(solo.ids.len(), 5);
+            c.create_session(pb::CreateSessionRequest {
+                model: id.clone(),
+                id: "talk".into(),
+            })
+            .await
+            .unwrap();
+            let t1 = collect(
+                c.chat(chat("talk", vec![msg("user", "hello")]))
+                    .await
+                    .unwrap()
+                    .into_inner(),
+            )
+            .await
+            .unwrap();
+            assert_eq!(
+                t1.ids, solo.ids,
+                "a session's first turn equals a one-off chat"
+            );
+            let t2 = collect(
+                c.chat(chat("talk", vec![msg("user", "more")]))
+                    .await
+                    .unwrap()
+                    .into_inner(),
+            )
+            .await
+            .unwrap();
+            let stats = t2.stats.unwrap();
+            assert!(stats.cached_tokens > 0, "second turn re-used nothing");
+            let resumed = c
+                .resume_session(pb::ResumeSessionRequest {
+                    id: "talk".into(),
+                    load_model: false,
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let roles: Vec<&str> = resumed.messages.iter().map(|m| m.role.as_str()).collect();
+            assert_eq!(roles, ["user", "assistant", "user", "assistant"]);
+        }
+    }
+    c.shutdown(pb::ShutdownRequest {}).await.unwrap();
+    let st = d.wait_exit(Duration::from_secs(30));
+    assert!(st.success(), "{st}\n{}", d.log_text());
+    assert!(
+        !p.socket.exists(),
+        "socket left behind after a clean shutdown"
+    );
+}
+
+/// Run as another uid by `peer_from_another_uid_is_refused`: connects and reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_probe() {
+    let Some(socket) = std::env::var_os("COLIBRI_PEER_PROBE_SOCKET") else {
+        return;
+    };
+    let served = match colibri_proto::connect::client(Path::new(&socket)).await {
+        Ok(mut c) => c.status(pb::StatusRequest {}).await.is_ok(),
+        Err(_) => false,
+    };
+    println!("PEER_PROBE {}", if served { "served" } else { "refused" });
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_from_another_uid_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: getuid cannot fail.
+    if unsafe { libc::getuid() } != 0 {
+        eprintln!("not root: cannot run a client as another uid; skipped");
+        return;
+    }
+    let p = place();
+    let d = start(&p, &[]);
+    // Open the file-system gates so that only the daemon's SO_PEERCRED check is left.
+    for path in [
+        p.socket.parent().unwrap().parent().unwrap(),
+        p.socket.parent().unwrap(),
+    ] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    std::fs::set_permissions(&p.socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let probe = |uid: u32| {
+        let out = std::process::Command::new(&exe)
+            .args([
+                "--exact",
+                "peer_probe",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env("COLIBRI_PEER_PROBE_SOCKET", &p.socket)
+            .uid(uid)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+    };
+    let other = probe(65534);
+    if !other.contains("PEER_PROBE") {
+        eprintln!("uid 65534 cannot run the test binary here ({other}); skipped");
+        return;
+    }
+    assert!(other.contains("PEER_PROBE refused"), "{other}");
+    // The same probe as our own uid is served.
+    assert!(probe(0).contains("PEER_PROBE served"));
+    assert!(
+        d.log_text().contains("refused a connection from uid 65534"),
+        "{}",
+        d.log_text()
+    );
+}

@@ -81,20 +81,20 @@ trait Backend {
 }
 
 pub fn chat(global: &Global, args: ChatArgs) -> anyhow::Result<()> {
-    let interrupted = watch_interrupts();
     let history = daemon_discovery::state_dir(global).join("chat_history");
+    // Ctrl-C is taken over only once the model is ready: until then it ends coli as usual.
     if args.local {
         let dir = args
             .model
             .clone()
             .ok_or_else(|| anyhow!("--local needs --model DIR"))?;
         let mut b = LocalChat::new(&dir, &args)?;
-        repl(&mut b, &interrupted, &history)
+        repl(&mut b, &watch_interrupts(), &history)
     } else {
         let rt = daemon_discovery::runtime()?;
         let mut b = rt.block_on(DaemonChat::attach(global, &args))?;
         let mut b = WithRuntime { rt, chat: &mut b };
-        repl(&mut b, &interrupted, &history)
+        repl(&mut b, &watch_interrupts(), &history)
     }
 }
 
@@ -182,6 +182,9 @@ fn repl(b: &mut dyn Backend, interrupted: &AtomicBool, history: &Path) -> anyhow
             // A failed turn (e.g. the context is full) is reported; the REPL goes on.
             Err(e) => eprintln!("error: {e:#}"),
         }
+    }
+    if let Some(dir) = history.parent() {
+        let _ = colibri_daemon::state::create_private_dir(dir);
     }
     let _ = rl.save_history(history);
     Ok(())

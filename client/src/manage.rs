@@ -398,10 +398,19 @@ pub fn stop(global: &Global, args: StopArgs) -> anyhow::Result<()> {
             }
         }
         let deadline = Instant::now() + Duration::from_secs(args.timeout);
-        while daemon_discovery::connect(&socket).await.is_ok() {
+        // Wait for the process rather than the socket: under socket activation systemd keeps
+        // the socket open, and connecting to it would start a new daemon.
+        loop {
+            let gone = match pid.and_then(process_alive) {
+                Some(alive) => !alive,
+                None => daemon_discovery::connect(&socket).await.is_err(),
+            };
+            if gone {
+                break;
+            }
             if Instant::now() > deadline {
                 bail!(
-                    "colibrid on {} is still answering after {} s",
+                    "colibrid on {} is still running after {} s",
                     socket.display(),
                     args.timeout
                 );
@@ -414,6 +423,31 @@ pub fn stop(global: &Global, args: StopArgs) -> anyhow::Result<()> {
         }
         Ok(())
     })
+}
+
+/// Whether process `pid` still runs (a zombie, exited but not yet reaped, does not);
+/// None where this platform cannot tell.
+fn process_alive(pid: u32) -> Option<bool> {
+    #[cfg(target_os = "linux")]
+    if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state letter follows the parenthesised command name.
+        return Some(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|state| state != "Z" && state != "X"),
+        );
+    }
+    #[cfg(unix)]
+    {
+        // SAFETY: signal 0 only checks that the process exists; nothing is delivered.
+        let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+        Some(r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = pid;
+        None
+    }
 }
 
 pub fn sessions(global: &Global, args: SessionsArgs) -> anyhow::Result<()> {

@@ -191,3 +191,146 @@ impl std::fmt::Display for KernelReport {
         Ok(())
     }
 }
+
+/// `coli bench --model`: prefill and decode speed of a model in RAM, its peak RSS, and the
+/// weight bytes a decode step streams per second next to the measured read bandwidth.
+#[derive(Clone, Debug)]
+pub struct ModelBench {
+    pub threads: usize,
+    pub load_s: f64,
+    pub prompt_tokens: usize,
+    pub prefill_tok_s: f64,
+    pub decode_tokens: usize,
+    pub decode_tok_s: f64,
+    pub peak_rss_bytes: u64,
+    /// Weight bytes one decode step reads: everything resident but the embedding table,
+    /// with only `top_k` routed experts per MoE layer.
+    pub bytes_per_token: u64,
+    pub bandwidth: f64,
+}
+
+/// Peak resident set size of this process (`VmHWM`), in bytes.
+pub fn peak_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn decode_bytes(net: &crate::arch::Network) -> u64 {
+    let mut b = net.weight_bytes() as u64 - net.embed.size_bytes() as u64;
+    if std::ptr::eq(&net.embed, &net.lm_head) {
+        b += net.lm_head.size_bytes() as u64;
+    }
+    for l in &net.layers {
+        if let crate::arch::Ffn::Moe(m) = &l.ffn {
+            let all: u64 = m.experts.iter().map(|e| e.size_bytes() as u64).sum();
+            let per = all / m.experts.len().max(1) as u64;
+            b = b - all + per * m.top_k as u64;
+        }
+    }
+    b
+}
+
+/// Loads `dir`, prefills `prompt` pseudo-random tokens, decodes `gen` tokens greedily, with
+/// `threads` threads; then measures the read bandwidth with the same threads.
+pub fn model_bench(
+    dir: &std::path::Path,
+    threads: usize,
+    prompt: usize,
+    gen: usize,
+) -> crate::Result<ModelBench> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| crate::Error::invalid("threads", e.to_string()))?;
+    pool.install(|| {
+        let t = Instant::now();
+        let model = crate::Model::load(dir)?;
+        let load_s = t.elapsed().as_secs_f64();
+        let vocab = model.info.vocab_size as u64;
+        let need = prompt + gen;
+        if need > model.info.max_context {
+            return Err(crate::Error::ContextOverflow {
+                needed: need,
+                max: model.info.max_context,
+            });
+        }
+        let mut s = 0x2545F4914F6CDD1Du64;
+        let ids: Vec<u32> = (0..prompt.max(1))
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s % vocab) as u32
+            })
+            .collect();
+        let mut cache = model.new_cache();
+        let t = Instant::now();
+        let mut logits = model.step(&mut cache, &ids)?;
+        let prefill_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        for _ in 0..gen {
+            let next =
+                (0..logits.len()).fold(0, |b, i| if logits[i] > logits[b] { i } else { b }) as u32;
+            logits = model.step(&mut cache, &[next])?;
+        }
+        let decode_s = t.elapsed().as_secs_f64();
+        let bytes_per_token = decode_bytes(&model.net);
+        let peak_rss_bytes = peak_rss();
+        drop(model);
+        let buf = random_bytes(1 << 30, 3);
+        let bandwidth = read_bandwidth(&buf, 3);
+        Ok(ModelBench {
+            threads,
+            load_s,
+            prompt_tokens: ids.len(),
+            prefill_tok_s: ids.len() as f64 / prefill_s,
+            decode_tokens: gen,
+            decode_tok_s: gen as f64 / decode_s,
+            peak_rss_bytes,
+            bytes_per_token,
+            bandwidth,
+        })
+    })
+}
+
+impl std::fmt::Display for ModelBench {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kernel = self.bytes_per_token as f64 * self.decode_tok_s;
+        writeln!(
+            f,
+            "threads {} · kernels {} · load {:.1} s",
+            self.threads,
+            kernels::level().name(),
+            self.load_s
+        )?;
+        writeln!(
+            f,
+            "prefill  {:>8.1} tok/s  ({} tokens)",
+            self.prefill_tok_s, self.prompt_tokens
+        )?;
+        writeln!(
+            f,
+            "decode   {:>8.2} tok/s  ({} tokens)",
+            self.decode_tok_s, self.decode_tokens
+        )?;
+        writeln!(
+            f,
+            "peak RSS {:>8.2} GiB",
+            self.peak_rss_bytes as f64 / (1u64 << 30) as f64
+        )?;
+        writeln!(
+            f,
+            "decode streams {:.1} MB of weights per token: {:.1} GB/s of {:.1} GB/s read bandwidth ({:.0}%)",
+            self.bytes_per_token as f64 / 1e6,
+            kernel / 1e9,
+            self.bandwidth / 1e9,
+            100.0 * kernel / self.bandwidth
+        )
+    }
+}

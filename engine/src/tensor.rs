@@ -21,6 +21,13 @@ pub enum Blob {
     },
     /// Bytes owned in RAM (converted, dequantised or read from disk).
     Owned(Arc<Vec<u8>>),
+    /// A byte range of a buffer owned elsewhere (a routed expert read into the expert
+    /// cache), alive as long as any matrix uses it.
+    Shared {
+        owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
+        start: usize,
+        end: usize,
+    },
 }
 
 impl std::fmt::Debug for Blob {
@@ -35,6 +42,7 @@ impl Blob {
         match self {
             Blob::Mapped { file, start, end } => &file.bytes()[*start..*end],
             Blob::Owned(v) => v,
+            Blob::Shared { owner, start, end } => &(**owner).as_ref()[*start..*end],
         }
     }
 }
@@ -188,7 +196,7 @@ impl Matrix {
             )
             .map_err(|msg| t.bad(msg))?;
             m.int8_act = q.routed_expert
-                && kernels::int8_activations()
+                && kernels::int8_act_for(format)
                 && kernels::q8_supported(format, cols);
             return Ok(m);
         }

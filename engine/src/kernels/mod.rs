@@ -76,24 +76,63 @@ pub fn level() -> Level {
     *LEVEL.get_or_init(detect)
 }
 
-// 0 = not yet read from the environment, 1 = off, 2 = on.
+/// When routed-expert matrices quantize their activations to int8 (per 32-element block)
+/// and use integer dot products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Int8Act {
+    /// Never: exact f32 activations everywhere.
+    Off,
+    /// For int4 and int2 experts only (the default). Measured on every fixture family, it
+    /// moves the mean KL divergence from transformers by under 1% of what the int4 weights
+    /// themselves cost, and it is what lets int4 matvec run at memory speed (docs/FORMAT.md).
+    /// int8 experts keep f32 activations: there it doubles the (small) divergence.
+    SubByte,
+    /// For every quantized routed expert, int8 too.
+    All,
+}
+
+// 0 = not yet read from the environment, else 1 + the mode's index.
 static INT8_ACT: AtomicU8 = AtomicU8::new(0);
 
-/// Whether routed-expert matrices quantize their activations to int8 (lossy; off unless
-/// `COLIBRI_INT8_ACT=1` or [`set_int8_activations`]). Read when a model is loaded.
-pub fn int8_activations() -> bool {
+/// The int8-activation policy: `COLIBRI_INT8_ACT=0|1|subbyte` (off, all, the default) or
+/// [`set_int8_activations`]. Read when a model is loaded; attention is never affected.
+pub fn int8_act_mode() -> Int8Act {
+    let modes = [Int8Act::Off, Int8Act::SubByte, Int8Act::All];
     match INT8_ACT.load(Ordering::Relaxed) {
         0 => {
-            let on = std::env::var("COLIBRI_INT8_ACT").is_ok_and(|v| v == "1" || v == "true");
-            INT8_ACT.store(if on { 2 } else { 1 }, Ordering::Relaxed);
-            on
+            let m = match std::env::var("COLIBRI_INT8_ACT").as_deref() {
+                Ok("0") | Ok("off") | Ok("false") => Int8Act::Off,
+                Ok("1") | Ok("all") | Ok("true") => Int8Act::All,
+                _ => Int8Act::SubByte,
+            };
+            set_int8_act_mode(m);
+            m
         }
-        v => v == 2,
+        v => modes[(v - 1) as usize],
     }
 }
 
+pub fn set_int8_act_mode(m: Int8Act) {
+    let v = match m {
+        Int8Act::Off => 1,
+        Int8Act::SubByte => 2,
+        Int8Act::All => 3,
+    };
+    INT8_ACT.store(v, Ordering::Relaxed);
+}
+
+/// `true`: int8 activations for every quantized routed expert; `false`: none.
 pub fn set_int8_activations(on: bool) {
-    INT8_ACT.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+    set_int8_act_mode(if on { Int8Act::All } else { Int8Act::Off });
+}
+
+/// Whether a routed expert stored in `format` gets int8 activations under the policy.
+pub fn int8_act_for(format: WeightFormat) -> bool {
+    match int8_act_mode() {
+        Int8Act::Off => false,
+        Int8Act::All => format.is_quantized(),
+        Int8Act::SubByte => matches!(format, WeightFormat::I4 { .. } | WeightFormat::I2 { .. }),
+    }
 }
 
 /// Whether int8 activations can be used with `format` on rows of `cols`: quantized weights

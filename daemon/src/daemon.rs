@@ -463,7 +463,7 @@ impl Daemon {
                 Err(SnapshotError::Io(e)) => tracing::warn!("{}: {e}", path.display()),
             }
         }
-        out.sort_by(|a, b| b.last_used_unix_ms.cmp(&a.last_used_unix_ms));
+        out.sort_by_key(|s| std::cmp::Reverse(s.last_used_unix_ms));
         out
     }
 

@@ -1009,7 +1009,7 @@ impl Engine {
                 session_info(&self.id, s)
             })
             .collect();
-        sessions.sort_by(|a, b| b.last_used_unix_ms.cmp(&a.last_used_unix_ms));
+        sessions.sort_by_key(|s| std::cmp::Reverse(s.last_used_unix_ms));
         let p = Published {
             active: self.active.len() as u32,
             queued: self.waiting.len() as u32,

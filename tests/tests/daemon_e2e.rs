@@ -496,7 +496,7 @@ async fn two_turns(p: &Place, session: &str, restart: bool) -> (Run, Run) {
     req.options.as_mut().unwrap().return_logits = true;
     let second = generate(&mut c, req).await.unwrap();
     // No re-prefill: only the pending token and the new prompt were fed.
-    let stats = second.stats.clone().unwrap();
+    let stats = second.stats.unwrap();
     assert_eq!(stats.cached_tokens as usize, r.prompt_ids.len() + 5);
     assert_eq!(stats.prompt_tokens as usize, 1 + turn2.len());
     (first, second)

@@ -41,14 +41,31 @@ struct Cli {
 pub struct Global {
     /// The daemon's socket [default: $XDG_RUNTIME_DIR/colibri/colibrid.sock, else
     /// ~/.colibri/run/colibrid.sock].
-    #[arg(long, global = true, env = "COLI_SOCKET", value_name = "PATH")]
+    #[arg(
+        long,
+        global = true,
+        env = "COLI_SOCKET",
+        value_name = "PATH",
+        help_heading = "Daemon"
+    )]
     pub socket: Option<PathBuf>,
     /// The daemon's state folder, passed to a daemon that coli starts [default:
     /// $XDG_STATE_HOME/colibri, else ~/.local/state/colibri].
-    #[arg(long, global = true, env = "COLIBRI_STATE_DIR", value_name = "DIR")]
+    #[arg(
+        long,
+        global = true,
+        env = "COLIBRI_STATE_DIR",
+        value_name = "DIR",
+        help_heading = "Daemon"
+    )]
     pub state_dir: Option<PathBuf>,
     /// Never start colibrid: fail when it is not running.
-    #[arg(long, global = true, env = "COLI_NO_AUTOSTART")]
+    #[arg(
+        long,
+        global = true,
+        env = "COLI_NO_AUTOSTART",
+        help_heading = "Daemon"
+    )]
     pub no_autostart: bool,
 }
 

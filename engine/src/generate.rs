@@ -134,6 +134,12 @@ impl Generation {
             return Ok(StepEvent::default());
         };
         let token = self.sampler.sample(logits, &self.history);
+        self.push_token(model, token)
+    }
+
+    /// Appends a token chosen outside [`accept`](Self::accept) (speculative decoding picks
+    /// several per step) with the same bookkeeping: text delta, stop strings, eos, length.
+    pub fn push_token(&mut self, model: &Model, token: u32) -> Result<StepEvent> {
         self.generated.push(token);
         self.history.push(token);
         let mut ev = StepEvent {
@@ -172,6 +178,22 @@ impl Generation {
         }
         self.finished = ev.finished;
         Ok(ev)
+    }
+
+    /// The sampler and the sequence's tokens so far, for callers that pick tokens
+    /// themselves (speculative decoding's acceptance test).
+    pub fn sampling_state(&mut self) -> (&mut Sampler, &[u32]) {
+        (&mut self.sampler, &self.history)
+    }
+
+    /// Prompt tokens not fed to the model yet.
+    pub fn prompt_pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Tokens this generation may still produce.
+    pub fn remaining(&self) -> usize {
+        self.max_tokens.saturating_sub(self.generated.len())
     }
 
     pub fn cancel(&mut self) {

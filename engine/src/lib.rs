@@ -10,6 +10,7 @@
 //! - [`text`]: tokenizer, chat template, incremental detokenization, stop strings.
 //! - [`sample`]: samplers.
 //! - [`generate`]: the step-by-step generation state machine shared by CLI and daemon.
+//! - [`speculative`]: speculative decoding with the model's MTP layers.
 
 pub mod arch;
 pub mod bench;
@@ -23,6 +24,7 @@ pub mod kv;
 pub mod model;
 pub mod quant;
 pub mod sample;
+pub mod speculative;
 pub mod synth;
 pub mod tensor;
 pub mod text;
@@ -32,3 +34,4 @@ pub use generate::{FinishReason, GenerateRequest, Generation, StepEvent};
 pub use kv::KvCache;
 pub use model::{LogitsWanted, Model, ModelInfo, SeqStep};
 pub use sample::{Sampler, SamplingParams};
+pub use speculative::{DraftMode, SpecStats, SpeculativeGeneration};

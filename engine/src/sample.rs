@@ -87,6 +87,8 @@ pub struct Sampler {
     scratch: Vec<f32>,
     /// Candidate (id, scaled logit) pairs, reused likewise.
     cands: Vec<(u32, f32)>,
+    /// The candidates' unnormalised probabilities.
+    probs: Vec<f32>,
 }
 
 impl Sampler {
@@ -97,6 +99,7 @@ impl Sampler {
             rng,
             scratch: Vec::new(),
             cands: Vec::new(),
+            probs: Vec::new(),
         }
     }
 
@@ -104,6 +107,74 @@ impl Sampler {
     /// (for the repetition penalty). NaN logits are never picked; an empty or all-NaN row
     /// gives token 0 rather than a panic.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        match self.process(logits, history) {
+            Processed::Token(t) => t,
+            Processed::Weighted { total } => {
+                // Inverse-CDF draw over the renormalised weights.
+                let r = self.rng.next_f64() * total;
+                let mut cum = 0.0f64;
+                let mut last = None;
+                for (c, &w) in self.cands.iter().zip(&self.probs) {
+                    if w <= 0.0 {
+                        continue;
+                    }
+                    cum += w as f64;
+                    last = Some(c.0);
+                    if r < cum {
+                        return c.0;
+                    }
+                }
+                // Rounding can leave r == total; the last positive-weight token is then correct.
+                last.unwrap_or(self.cands[0].0)
+            }
+        }
+    }
+
+    /// The probability of every token [`sample`](Self::sample) could return for these
+    /// logits (same processors, same history), as `(id, p)` pairs summing to 1; a single
+    /// `(argmax, 1)` when sampling is greedy. Speculative decoding compares these between a
+    /// draft and the model to keep the output distribution exact. Draws no randomness.
+    pub fn distribution(&mut self, logits: &[f32], history: &[u32]) -> Vec<(u32, f64)> {
+        match self.process(logits, history) {
+            Processed::Token(t) => vec![(t, 1.0)],
+            Processed::Weighted { total } => self
+                .cands
+                .iter()
+                .zip(&self.probs)
+                .filter(|(_, &w)| w > 0.0)
+                .map(|(c, &w)| (c.0, w as f64 / total))
+                .collect(),
+        }
+    }
+
+    /// Draws a token from `(id, weight)` pairs (weights need not sum to 1) with this
+    /// sampler's random stream; `None` when no weight is positive.
+    pub fn draw(&mut self, weights: &[(u32, f64)]) -> Option<u32> {
+        let total: f64 = weights.iter().filter(|w| w.1 > 0.0).map(|w| w.1).sum();
+        if total <= 0.0 {
+            return None;
+        }
+        let r = self.rng.next_f64() * total;
+        let mut cum = 0.0;
+        let mut last = None;
+        for &(id, w) in weights.iter().filter(|w| w.1 > 0.0) {
+            cum += w;
+            last = Some(id);
+            if r < cum {
+                return Some(id);
+            }
+        }
+        last
+    }
+
+    /// A uniform number in [0, 1) from this sampler's random stream.
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.next_f64()
+    }
+
+    /// Runs the processors (repetition penalty, temperature, top-k, top-p, min-p) and
+    /// leaves the candidates and their unnormalised weights in `cands` / `probs`.
+    fn process(&mut self, logits: &[f32], history: &[u32]) -> Processed {
         let p = &self.params;
         let logits: &[f32] = if p.repetition_penalty != 1.0 && !history.is_empty() {
             self.scratch.clear();
@@ -114,7 +185,7 @@ impl Sampler {
             logits
         };
         if p.is_greedy() {
-            return argmax(logits);
+            return Processed::Token(argmax(logits));
         }
         let Some(max) = logits
             .iter()
@@ -122,10 +193,10 @@ impl Sampler {
             .filter(|x| !x.is_nan())
             .reduce(f32::max)
         else {
-            return 0;
+            return Processed::Token(0);
         };
         if max == f32::NEG_INFINITY {
-            return argmax(logits);
+            return Processed::Token(argmax(logits));
         }
 
         // Temperature: scale relative to the max so that tiny temperatures give -inf (weight 0)
@@ -156,7 +227,9 @@ impl Sampler {
         }
 
         // Softmax over the survivors; scaled logits are <= 0 with the max at 0, so exp is safe.
-        let mut probs: Vec<f32> = cands.iter().map(|c| c.1.exp()).collect();
+        let probs = &mut self.probs;
+        probs.clear();
+        probs.extend(cands.iter().map(|c| c.1.exp()));
         let mut total: f64 = probs.iter().map(|&x| x as f64).sum();
 
         // Top-p as HF's TopPLogitsWarper: in ascending order, drop tokens whose cumulative
@@ -190,24 +263,16 @@ impl Sampler {
             }
             total = probs.iter().map(|&x| x as f64).sum();
         }
-
-        // Inverse-CDF draw over the renormalised weights.
-        let r = self.rng.next_f64() * total;
-        let mut cum = 0.0f64;
-        let mut last = None;
-        for (c, &w) in cands.iter().zip(&probs) {
-            if w <= 0.0 {
-                continue;
-            }
-            cum += w as f64;
-            last = Some(c.0);
-            if r < cum {
-                return c.0;
-            }
-        }
-        // Rounding can leave r == total; the last positive-weight token is then correct.
-        last.unwrap_or_else(|| argmax(logits))
+        Processed::Weighted { total }
     }
+}
+
+/// What the processors leave for a draw.
+enum Processed {
+    /// The outcome is certain (greedy, or nothing finite to weigh).
+    Token(u32),
+    /// Candidates in `cands` with weights in `probs`, summing to `total` (> 0).
+    Weighted { total: f64 },
 }
 
 /// HF's RepetitionPenaltyLogitsProcessor: every distinct token already in the sequence gets
@@ -509,6 +574,37 @@ mod tests {
         for _ in 0..100 {
             assert_eq!(s.sample(&[1.0, 50.0, 49.99], &[]), 1);
         }
+    }
+
+    #[test]
+    fn distribution_is_what_sample_draws() {
+        let p = [0.15f32, 0.5, 0.05, 0.3];
+        let top_p = SamplingParams {
+            temperature: 1.0,
+            top_p: 0.75,
+            seed: 2,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(top_p.clone());
+        let d = s.distribution(&ln(&p), &[]);
+        // top_p = 0.75 keeps {0.5, 0.3}, renormalised.
+        assert_eq!(d.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 3]);
+        assert!((d[0].1 - 0.625).abs() < 1e-6 && (d[1].1 - 0.375).abs() < 1e-6);
+        // Asking for the distribution draws no randomness: the stream is unchanged.
+        let mut fresh = Sampler::new(top_p);
+        for _ in 0..100 {
+            assert_eq!(s.sample(&ln(&p), &[]), fresh.sample(&ln(&p), &[]));
+        }
+        // Greedy: all mass on the argmax.
+        let mut g = Sampler::new(params(0.0));
+        assert_eq!(g.distribution(&[0.1, 2.0, 1.0], &[]), vec![(1, 1.0)]);
+        // draw follows the weights.
+        let mut s = Sampler::new(params(1.0));
+        let w = [(7u32, 1.0), (9, 3.0), (4, 0.0)];
+        let n = 20_000;
+        let nines = (0..n).filter(|_| s.draw(&w) == Some(9)).count();
+        assert!((nines as f64 / n as f64 - 0.75).abs() < 0.02);
+        assert_eq!(s.draw(&[(1, 0.0)]), None);
     }
 
     #[test]

@@ -217,7 +217,7 @@ impl RopeParams {
         layout: RopeLayout,
         max_position: usize,
     ) -> Result<Rope> {
-        if rotary_dim == 0 || rotary_dim % 2 != 0 {
+        if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) {
             return Err(cfg.err(format!(
                 "rotary dimension {rotary_dim} must be even and positive"
             )));

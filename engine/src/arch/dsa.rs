@@ -72,6 +72,7 @@ impl DsaIndexer {
     /// rows, `q_resid` MLA's `q_a_layernorm(q_a_proj(h))`, `angles` each row's RoPE cos/sin.
     /// Follows transformers' `GlmMoeDsaIndexer`: rope part first in each head, interleaved
     /// RoPE, `score[t] = Σ_h w_h·relu(q_h·k_t / √d)` with `w = weights_proj(h) / √heads`.
+    #[allow(clippy::too_many_arguments)]
     pub fn select(
         &self,
         h: &[f32],

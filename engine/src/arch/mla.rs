@@ -68,7 +68,7 @@ impl MlaDims {
             v: cfg.dim("v_head_dim")?,
             bias: cfg.bool_or("attention_bias", false)?,
         };
-        if d.rope % 2 != 0 {
+        if !d.rope.is_multiple_of(2) {
             return Err(cfg.err(format!("qk_rope_head_dim {} must be even for RoPE", d.rope)));
         }
         Ok(d)

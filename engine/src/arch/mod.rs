@@ -32,7 +32,10 @@ use moe::Moe;
 use mtp::MtpLayer;
 
 /// `model_type` values this engine runs, with the builder for each.
-const FAMILIES: &[(&str, fn(&Checkpoint, &Cfg) -> Result<Network>)] = &[
+/// Builds a family's network from its checkpoint and config.
+type Builder = fn(&Checkpoint, &Cfg) -> Result<Network>;
+
+const FAMILIES: &[(&str, Builder)] = &[
     ("olmoe", olmoe::build),
     ("qwen3_moe", qwen3_moe::build),
     ("mixtral", mixtral::build),
@@ -62,6 +65,8 @@ pub fn build(ckpt: &Checkpoint) -> Result<Network> {
     builder(ckpt, &cfg)
 }
 
+// One per layer, never in a hot collection: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Attention {
     Gqa(GqaAttention),
@@ -102,6 +107,7 @@ impl Attention {
     }
 }
 
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Ffn {
     Dense(Mlp),
@@ -251,8 +257,13 @@ impl Network {
         if !std::ptr::eq(&self.embed, &self.lm_head) {
             b += self.lm_head.size_bytes();
         }
-        b += self.layers.iter().map(|l| l.size_bytes()).sum::<usize>();
-        b + self.mtp.iter().map(|m| m.size_bytes()).sum::<usize>()
+        b + self.layers.iter().map(|l| l.size_bytes()).sum::<usize>()
+    }
+
+    /// Bytes of the MTP layers (not in [`weight_bytes`](Self::weight_bytes): decoding
+    /// without drafts never reads them).
+    pub fn mtp_weight_bytes(&self) -> usize {
+        self.mtp.iter().map(|m| m.size_bytes()).sum()
     }
 
     /// The batched forward pass. Caller has validated ids and context room.

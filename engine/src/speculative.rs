@@ -1,0 +1,518 @@
+//! Speculative decoding with the model's own multi-token-prediction (MTP) layers.
+//!
+//! Each step drafts `k` tokens with the MTP layer (cheap: one decoder layer per draft),
+//! then runs the main model once over the pending token and the drafts: one batched forward
+//! in which every routed expert is read once for all `k + 1` rows. The model's logits
+//! decide which drafts stand:
+//! - greedy: a draft is accepted when it is the argmax, so the output is exactly what plain
+//!   greedy decoding gives;
+//! - sampling: standard speculative sampling (Leviathan et al. 2023, Chen et al. 2023):
+//!   accept draft `d` with probability `min(1, p(d)/q(d))`, else sample from
+//!   `max(0, p − q)` renormalised; `p` and `q` are the model's and the draft's distributions
+//!   after the same processors (temperature, top-k/p, min-p, repetition penalty). The output
+//!   distribution is exactly the model's, though a given seed yields different tokens than
+//!   without speculation (the random stream is consumed differently).
+//!
+//! Every step emits at least one token. [`DraftMode::Auto`] watches acceptance and the
+//! measured speed of drafting steps against plain decode steps (probed now and then) and
+//! stops drafting for the rest of the generation when it does not pay — as when experts come
+//! from disk and `k + 1` rows need more of them than one row does.
+//!
+//! The MTP layer attends over its own cache of every earlier position, built from the main
+//! model's final hidden states, so drafting needs the sequence from position 0: a
+//! generation that continues an existing cache does not draft.
+
+use crate::error::{Error, Result};
+use crate::generate::{GenerateRequest, Generation, StepEvent};
+use crate::kv::KvCache;
+use crate::model::{LogitsWanted, Model, SeqStep};
+use crate::sample::Sampler;
+use std::time::Instant;
+
+/// How many tokens to draft per step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DraftMode {
+    /// Draft [`AUTO_DRAFT_TOKENS`] per step when the model has MTP layers; stop when the
+    /// acceptance or the measured speed says it does not pay.
+    #[default]
+    Auto,
+    /// Never draft (`--no-draft`).
+    Off,
+    /// Always draft this many tokens per step (`--draft N`); 0 means off.
+    Tokens(usize),
+}
+
+impl DraftMode {
+    /// The mode the command-line flags `--draft N` and `--no-draft` ask for (neither: Auto).
+    pub fn from_flags(draft: Option<usize>, no_draft: bool) -> Result<DraftMode> {
+        match (draft, no_draft) {
+            (Some(_), true) => Err(Error::invalid(
+                "draft",
+                "--draft and --no-draft contradict each other",
+            )),
+            (_, true) | (Some(0), false) => Ok(DraftMode::Off),
+            (Some(n), false) => Ok(DraftMode::Tokens(n)),
+            (None, false) => Ok(DraftMode::Auto),
+        }
+    }
+}
+
+/// Drafts per step in [`DraftMode::Auto`]: DeepSeek-V3 and GLM ship one MTP layer, trained
+/// to predict one token ahead; chaining it further loses acceptance quickly.
+pub const AUTO_DRAFT_TOKENS: usize = 1;
+
+/// Auto mode gives up below this acceptance rate (after [`MIN_SPEC_STEPS`] drafting steps).
+const MIN_ACCEPTANCE: f64 = 0.1;
+/// Drafting steps and plain probes measured before Auto mode judges the speed.
+const MIN_SPEC_STEPS: usize = 4;
+const MIN_PLAIN_PROBES: usize = 2;
+/// Auto mode runs one plain decode step in this many while drafting, to keep measuring.
+const PROBE_EVERY: usize = 32;
+
+/// What speculation did, for `coli` and the daemon to report.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SpecStats {
+    /// Decode steps that verified drafts.
+    pub spec_steps: usize,
+    pub drafted: usize,
+    pub accepted: usize,
+    /// Tokens those steps emitted (accepted drafts plus one per step).
+    pub spec_tokens: usize,
+    /// Seconds of drafting steps (MTP and verification).
+    pub spec_seconds: f64,
+    /// Decode steps without drafts, and the seconds of their main-model forward.
+    pub plain_steps: usize,
+    pub plain_seconds: f64,
+    /// Why drafting is off, if it is.
+    pub disabled: Option<String>,
+}
+
+impl SpecStats {
+    /// Accepted drafts over drafted ones (0 when nothing was drafted).
+    pub fn acceptance(&self) -> f64 {
+        if self.drafted == 0 {
+            0.0
+        } else {
+            self.accepted as f64 / self.drafted as f64
+        }
+    }
+
+    /// Tokens per second of drafting steps and of plain steps, where measured.
+    pub fn rates(&self) -> (Option<f64>, Option<f64>) {
+        let rate = |n: usize, s: f64| (n > 0 && s > 0.0).then(|| n as f64 / s);
+        (
+            rate(self.spec_tokens, self.spec_seconds),
+            rate(self.plain_steps, self.plain_seconds),
+        )
+    }
+}
+
+/// Proposes up to `k` draft tokens to follow `history` (the whole sequence so far); used in
+/// place of the MTP layers (prompt-lookup drafting, tests). Drafts count as certain
+/// (`q(d) = 1`) in the acceptance test.
+pub type ExternalDrafter = Box<dyn FnMut(&[u32], usize) -> Vec<u32> + Send>;
+
+enum Drafter {
+    Mtp(MtpState),
+    External(ExternalDrafter),
+}
+
+struct MtpState {
+    /// The MTP layer's cache; `cache.len` positions have been through it.
+    cache: KvCache,
+    /// Final hidden states of the main model for positions `cache.len..` (row-major), waiting
+    /// for the MTP layer.
+    backlog: Vec<f32>,
+    /// Draws the drafts (its own stream, so drafting does not shift the main sampler's).
+    sampler: Sampler,
+}
+
+/// A [`Generation`] that drafts with the model's MTP layers and verifies in batches.
+pub struct SpeculativeGeneration {
+    gen: Generation,
+    mode: DraftMode,
+    /// Drafts per step; 0 = not drafting.
+    k: usize,
+    drafter: Option<Drafter>,
+    stats: SpecStats,
+    decode_steps: usize,
+}
+
+impl SpeculativeGeneration {
+    /// Like [`Generation::new`], drafting with the model's MTP layers per `mode`. Asking for
+    /// drafts (`Tokens(n)`) from a model without MTP layers, or for a continued cache, is an
+    /// error; `Auto` quietly decodes without.
+    pub fn new(
+        model: &Model,
+        cache: KvCache,
+        req: GenerateRequest,
+        mode: DraftMode,
+    ) -> Result<Self> {
+        let fresh = cache.is_empty();
+        let gen = Generation::new(model, cache, req.clone())?;
+        let want = match mode {
+            DraftMode::Off | DraftMode::Tokens(0) => 0,
+            DraftMode::Auto => AUTO_DRAFT_TOKENS,
+            DraftMode::Tokens(n) => n,
+        };
+        let mut stats = SpecStats::default();
+        let mut drafter = None;
+        if want > 0 {
+            let why_not = if model.net.mtp.is_empty() {
+                Some("the model has no MTP layers")
+            } else if !fresh {
+                Some("the sequence continues a cache the MTP layer has not seen")
+            } else {
+                None
+            };
+            match why_not {
+                Some(why) if mode == DraftMode::Auto => stats.disabled = Some(why.into()),
+                Some(why) => return Err(Error::invalid("draft", why)),
+                None => {
+                    // The draft sampler draws with the request's settings from its own stream.
+                    let mut params = req.sampling.clone();
+                    params.seed = params.seed.wrapping_add(0x5EC0_1A7E_D4AF_7000);
+                    drafter = Some(Drafter::Mtp(MtpState {
+                        cache: model.net.new_mtp_cache(0),
+                        backlog: Vec::new(),
+                        sampler: Sampler::new(params),
+                    }));
+                }
+            }
+        } else {
+            stats.disabled = Some("drafting is off".into());
+        }
+        let k = if drafter.is_some() { want } else { 0 };
+        Ok(SpeculativeGeneration {
+            gen,
+            mode,
+            k,
+            drafter,
+            stats,
+            decode_steps: 0,
+        })
+    }
+
+    /// Drafts with `drafter` instead of MTP layers (`mode` as in [`new`](Self::new); `Auto`
+    /// drafts [`AUTO_DRAFT_TOKENS`]).
+    pub fn with_drafter(
+        model: &Model,
+        cache: KvCache,
+        req: GenerateRequest,
+        mode: DraftMode,
+        drafter: ExternalDrafter,
+    ) -> Result<Self> {
+        let mut s = Self::new(model, cache, req, DraftMode::Off)?;
+        s.mode = mode;
+        s.k = match mode {
+            DraftMode::Off | DraftMode::Tokens(0) => 0,
+            DraftMode::Auto => AUTO_DRAFT_TOKENS,
+            DraftMode::Tokens(n) => n,
+        };
+        if s.k > 0 {
+            s.drafter = Some(Drafter::External(drafter));
+            s.stats.disabled = None;
+        }
+        Ok(s)
+    }
+
+    pub fn stats(&self) -> &SpecStats {
+        &self.stats
+    }
+
+    pub fn generation(&self) -> &Generation {
+        &self.gen
+    }
+
+    pub fn into_generation(self) -> Generation {
+        self.gen
+    }
+
+    /// The MTP layer's cache while drafting with it (diagnostics, tests).
+    pub fn mtp_cache(&self) -> Option<&KvCache> {
+        match &self.drafter {
+            Some(Drafter::Mtp(m)) => Some(&m.cache),
+            _ => None,
+        }
+    }
+
+    /// Runs the generation to the end, calling `on_event` after every token.
+    pub fn run(
+        &mut self,
+        model: &Model,
+        prefill_chunk: usize,
+        mut on_event: impl FnMut(&StepEvent),
+    ) -> Result<()> {
+        while self.gen.finished().is_none() {
+            if self.gen.prompt_pending() > 0 {
+                self.prefill_step(model, prefill_chunk, &mut on_event)?;
+            } else if self.k > 0 && !self.probe_now() {
+                self.spec_step(model, &mut on_event)?;
+            } else {
+                self.plain_step(model, &mut on_event)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn mtp_active(&self) -> bool {
+        self.k > 0 && matches!(self.drafter, Some(Drafter::Mtp(_)))
+    }
+
+    /// Whether Auto mode takes a plain step now, to measure what drafting is compared to.
+    fn probe_now(&self) -> bool {
+        self.mode == DraftMode::Auto
+            && (self.stats.plain_steps < MIN_PLAIN_PROBES
+                || self.decode_steps % PROBE_EVERY == PROBE_EVERY - 1)
+    }
+
+    /// Runs the main model on `tokens` (appended to the cache), returning the logits of the
+    /// rows `logits` selects and, while the MTP layer drafts, every row's final hidden state
+    /// (queued for the MTP layer).
+    fn main_forward(
+        &mut self,
+        model: &Model,
+        tokens: &[u32],
+        logits: LogitsWanted,
+    ) -> Result<Vec<f32>> {
+        model.check_tokens(self.gen.cache.len(), tokens, "tokens")?;
+        let hidden = if self.mtp_active() {
+            LogitsWanted::All
+        } else {
+            LogitsWanted::None
+        };
+        let mut step = [SeqStep {
+            cache: &mut self.gen.cache,
+            tokens,
+            logits,
+        }];
+        let (mut out, mut h) = model.net.forward_with_hidden(&mut step, &[hidden]);
+        if let Some(Drafter::Mtp(m)) = &mut self.drafter {
+            if self.k > 0 {
+                m.backlog.append(&mut h[0]);
+            }
+        }
+        Ok(out.swap_remove(0))
+    }
+
+    fn prefill_step(
+        &mut self,
+        model: &Model,
+        chunk: usize,
+        on_event: &mut impl FnMut(&StepEvent),
+    ) -> Result<()> {
+        let (tokens, want) = self.gen.next_input(chunk);
+        let tokens = tokens.to_vec();
+        let logits = self.main_forward(model, &tokens, want)?;
+        let logits = (want != LogitsWanted::None).then_some(logits.as_slice());
+        let ev = self.gen.accept(model, tokens.len(), logits)?;
+        if ev.token.is_some() {
+            on_event(&ev);
+        }
+        Ok(())
+    }
+
+    /// One token without drafts (drafting off, or an Auto-mode probe).
+    fn plain_step(&mut self, model: &Model, on_event: &mut impl FnMut(&StepEvent)) -> Result<()> {
+        let (tokens, want) = self.gen.next_input(1);
+        let tokens = tokens.to_vec();
+        let t0 = Instant::now();
+        let logits = self.main_forward(model, &tokens, want)?;
+        self.stats.plain_seconds += t0.elapsed().as_secs_f64();
+        self.stats.plain_steps += 1;
+        self.decode_steps += 1;
+        let ev = self.gen.accept(model, tokens.len(), Some(&logits))?;
+        on_event(&ev);
+        self.judge();
+        Ok(())
+    }
+
+    /// Draft, verify in one batched forward, accept. Emits 1 to k + 1 tokens.
+    fn spec_step(&mut self, model: &Model, on_event: &mut impl FnMut(&StepEvent)) -> Result<()> {
+        let t0 = Instant::now();
+        let base = self.gen.cache.len();
+        let room = model.info.max_context.saturating_sub(base + 1);
+        let k = self.k.min(self.gen.remaining().saturating_sub(1)).min(room);
+        let (drafts, q) = if k == 0 {
+            (Vec::new(), Vec::new())
+        } else {
+            self.draft(model, k)?
+        };
+        let pending = self
+            .gen
+            .pending_token()
+            .expect("decode steps follow a sampled token");
+        let mut fed = Vec::with_capacity(drafts.len() + 1);
+        fed.push(pending);
+        fed.extend_from_slice(&drafts);
+        let logits = self.main_forward(model, &fed, LogitsWanted::All)?;
+        let vocab = model.info.vocab_size;
+
+        let mut emitted = 0;
+        for j in 0..=drafts.len() {
+            let row = &logits[j * vocab..(j + 1) * vocab];
+            let (sampler, history) = self.gen.sampling_state();
+            let p = sampler.distribution(row, history);
+            let token = if j < drafts.len() {
+                let d = drafts[j];
+                let p_d = p.iter().find(|x| x.0 == d).map_or(0.0, |x| x.1);
+                let q_d = q[j].as_ref().map_or(1.0, |q| q[d as usize]);
+                if p_d >= q_d || sampler.uniform() * q_d < p_d {
+                    self.stats.accepted += 1;
+                    Some(d)
+                } else {
+                    // Rejected: sample from max(0, p - q), renormalised.
+                    let residual: Vec<(u32, f64)> = p
+                        .iter()
+                        .map(|&(x, px)| {
+                            let qx = match &q[j] {
+                                Some(q) => q[x as usize],
+                                None => f64::from(u8::from(x == d)),
+                            };
+                            (x, (px - qx).max(0.0))
+                        })
+                        .collect();
+                    let t = sampler
+                        .draw(&residual)
+                        .or_else(|| sampler.draw(&p))
+                        .unwrap_or(d);
+                    self.push(model, t, &mut emitted, on_event)?;
+                    break;
+                }
+            } else {
+                None
+            };
+            match token {
+                Some(d) => self.push(model, d, &mut emitted, on_event)?,
+                None => {
+                    // Every draft stood: one more token from the last row.
+                    let (sampler, _) = self.gen.sampling_state();
+                    let t = sampler.draw(&p).unwrap_or(0);
+                    self.push(model, t, &mut emitted, on_event)?;
+                }
+            }
+            if self.gen.finished().is_some() {
+                break;
+            }
+        }
+        // Keep the cache at "every emitted token but the last": the pending token and the
+        // accepted drafts; rejected drafts and their hidden states go.
+        self.gen.cache.truncate(base + emitted);
+        if let Some(Drafter::Mtp(m)) = &mut self.drafter {
+            let width = model.info.hidden_size;
+            let keep = (self.gen.cache.len() - m.cache.len()) * width;
+            m.backlog.truncate(keep);
+        }
+        self.stats.spec_steps += 1;
+        self.stats.drafted += drafts.len();
+        self.stats.spec_tokens += emitted;
+        self.stats.spec_seconds += t0.elapsed().as_secs_f64();
+        self.decode_steps += 1;
+        self.judge();
+        Ok(())
+    }
+
+    fn push(
+        &mut self,
+        model: &Model,
+        token: u32,
+        emitted: &mut usize,
+        on_event: &mut impl FnMut(&StepEvent),
+    ) -> Result<()> {
+        let ev = self.gen.push_token(model, token)?;
+        *emitted += 1;
+        on_event(&ev);
+        Ok(())
+    }
+
+    /// Up to `k` drafts to follow the pending token, with the draft distribution of each
+    /// (dense over the vocabulary; `None` for an external drafter's certain tokens).
+    #[allow(clippy::type_complexity)]
+    fn draft(&mut self, model: &Model, k: usize) -> Result<(Vec<u32>, Vec<Option<Vec<f64>>>)> {
+        let history: Vec<u32> = self.gen.sampling_state().1.to_vec();
+        match self.drafter.as_mut() {
+            None => Ok((Vec::new(), Vec::new())),
+            Some(Drafter::External(f)) => {
+                let mut d = f(&history, k);
+                d.truncate(k);
+                if let Some(bad) = d.iter().find(|&&t| t as usize >= model.info.vocab_size) {
+                    return Err(Error::invalid(
+                        "draft",
+                        format!("drafted token {bad} is outside the vocabulary"),
+                    ));
+                }
+                let q = vec![None; d.len()];
+                Ok((d, q))
+            }
+            Some(Drafter::Mtp(m)) => {
+                let net = &model.net;
+                let width = model.info.hidden_size;
+                let vocab = model.info.vocab_size;
+                // Catch up: positions the main model has run but the MTP layer has not; the
+                // token after each is known (the last one is the pending sampled token).
+                let start = m.cache.len();
+                let n = m.backlog.len() / width;
+                let tokens = &history[start + 1..start + 1 + n];
+                let (mut logits, hidden) =
+                    net.mtp_forward(0, &mut m.cache, tokens, &m.backlog, LogitsWanted::Last);
+                m.backlog.clear();
+                let real = m.cache.len();
+                let mut prev = hidden[(n - 1) * width..].to_vec();
+                let mut drafts = Vec::with_capacity(k);
+                let mut qs = Vec::with_capacity(k);
+                let mut hist = history;
+                for j in 0..k {
+                    let dist = m.sampler.distribution(&logits, &hist);
+                    let d = m.sampler.draw(&dist).unwrap_or(0);
+                    let mut dense = vec![0f64; vocab];
+                    for (x, px) in dist {
+                        dense[x as usize] = px;
+                    }
+                    drafts.push(d);
+                    qs.push(Some(dense));
+                    hist.push(d);
+                    if j + 1 < k {
+                        // Chain: the MTP layer's own output stands in for the main model's.
+                        let (l, h) =
+                            net.mtp_forward(0, &mut m.cache, &[d], &prev, LogitsWanted::Last);
+                        logits = l;
+                        prev = h;
+                    }
+                }
+                // Positions past the pending token were guesses; the verified ones come back
+                // through the backlog.
+                m.cache.truncate(real);
+                Ok((drafts, qs))
+            }
+        }
+    }
+
+    /// Auto mode: stop drafting when it does not pay.
+    fn judge(&mut self) {
+        if self.mode != DraftMode::Auto || self.k == 0 || self.stats.spec_steps < MIN_SPEC_STEPS {
+            return;
+        }
+        let acceptance = self.stats.acceptance();
+        let reason = if acceptance < MIN_ACCEPTANCE {
+            Some(format!(
+                "acceptance {:.0}% is below {:.0}%",
+                acceptance * 100.0,
+                MIN_ACCEPTANCE * 100.0
+            ))
+        } else if self.stats.plain_steps >= MIN_PLAIN_PROBES {
+            match self.stats.rates() {
+                (Some(spec), Some(plain)) if spec < plain => Some(format!(
+                    "drafting gives {spec:.2} tok/s, plain decoding {plain:.2} tok/s"
+                )),
+                _ => None,
+            }
+        } else {
+            None
+        };
+        if let Some(r) = reason {
+            self.stats.disabled = Some(r);
+            self.k = 0;
+            self.drafter = None;
+        }
+    }
+}

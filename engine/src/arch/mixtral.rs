@@ -64,7 +64,6 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
                 top_k,
                 experts,
                 shared: None,
-                hooks: Default::default(),
             }),
         });
     }

@@ -111,7 +111,10 @@ impl Model {
         for s in batch.iter() {
             self.check_tokens(s.cache.len, s.tokens, "tokens")?;
         }
-        Ok(self.net.forward(batch))
+        let out = self.net.forward(batch);
+        // A streamed expert that could not be read: this step's outputs are not valid.
+        crate::experts::stream::take_error(&self.net)?;
+        Ok(out)
     }
 
     /// Convenience: feeds `tokens` to one sequence and returns the last position's logits.

@@ -4,7 +4,7 @@
 //! are grouped by expert, so each selected expert's weights are read once per step and
 //! applied to every row routed to it.
 
-use super::blocks::{softmax, Mlp};
+use super::blocks::{axpy, softmax, Mlp};
 use crate::tensor::Matrix;
 use rayon::prelude::*;
 
@@ -37,6 +37,9 @@ pub struct Moe {
     pub experts: Vec<Mlp>,
     /// Experts every row goes through, added unweighted (DeepSeek-V3, GLM).
     pub shared: Option<Mlp>,
+    /// Routing observer, expert top-p, streamed experts, next-layer prediction (all off by
+    /// default; see `crate::experts::hooks`).
+    pub hooks: crate::experts::MoeHooks,
 }
 
 /// One row's routing decision.
@@ -103,7 +106,8 @@ impl Moe {
     /// The MoE output for `n` rows.
     pub fn forward(&self, h: &[f32], n: usize) -> Vec<f32> {
         let hidden = self.router.cols;
-        let routes = self.route(h, n);
+        let mut routes = self.route(h, n);
+        self.hooks.routed(&mut routes);
         // expert -> [(row, weight)]
         let mut by_expert: Vec<Vec<(usize, f32)>> = vec![Vec::new(); self.n_experts()];
         for (row, r) in routes.iter().enumerate() {
@@ -114,26 +118,28 @@ impl Moe {
         let mut out = vec![0f32; n * hidden];
         // With one row per expert (decode) the matmuls parallelise inside; with many rows
         // (prefill) run experts side by side as well.
-        let partials: Vec<(usize, Vec<f32>)> = by_expert
-            .par_iter()
-            .enumerate()
-            .filter(|(_, rows)| !rows.is_empty())
-            .map(|(e, rows)| {
-                let mut x = Vec::with_capacity(rows.len() * hidden);
-                for &(r, _) in rows {
-                    x.extend_from_slice(&h[r * hidden..(r + 1) * hidden]);
-                }
-                (e, self.experts[e].forward(&x, rows.len()))
-            })
-            .collect();
+        let partials: Vec<(usize, Vec<f32>)> = match &self.hooks.stream {
+            Some(s) => s.expert_outputs(self.hooks.layer, &self.experts, &by_expert, h, hidden),
+            None => by_expert
+                .par_iter()
+                .enumerate()
+                .filter(|(_, rows)| !rows.is_empty())
+                .map(|(e, rows)| {
+                    let mut x = Vec::with_capacity(rows.len() * hidden);
+                    for &(r, _) in rows {
+                        x.extend_from_slice(&h[r * hidden..(r + 1) * hidden]);
+                    }
+                    (e, self.experts[e].forward(&x, rows.len()))
+                })
+                .collect(),
+        };
         for (e, y) in partials {
             for (j, &(r, w)) in by_expert[e].iter().enumerate() {
-                for (o, v) in out[r * hidden..(r + 1) * hidden]
-                    .iter_mut()
-                    .zip(&y[j * hidden..(j + 1) * hidden])
-                {
-                    *o = w.mul_add(*v, *o);
-                }
+                axpy(
+                    &mut out[r * hidden..(r + 1) * hidden],
+                    w,
+                    &y[j * hidden..(j + 1) * hidden],
+                );
             }
         }
         if let Some(shared) = &self.shared {
@@ -285,6 +291,7 @@ impl SigmoidMoeSpec {
             top_k: self.top_k,
             experts,
             shared,
+            hooks: Default::default(),
         })
     }
 }

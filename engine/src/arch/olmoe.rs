@@ -64,6 +64,7 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
                 top_k,
                 experts,
                 shared: None,
+                hooks: Default::default(),
             }),
         });
     }

@@ -68,6 +68,7 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
                 top_k,
                 experts,
                 shared: None,
+                hooks: Default::default(),
             })
         } else {
             Ffn::Dense(ld.mlp(&format!("{p}.mlp"), names, d.hidden, dense_inter)?)

@@ -66,6 +66,12 @@ impl ExpertBuf {
     }
 }
 
+impl AsRef<[u8]> for ExpertBuf {
+    fn as_ref(&self) -> &[u8] {
+        self.buf.as_slice()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

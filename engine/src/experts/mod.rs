@@ -12,6 +12,8 @@
 //! - [`store`]: the cache itself, its reader threads and statistics.
 //! - [`hist`]: the per-model usage histogram (atomic writes, validated reads).
 //! - [`plan`]: where a model's bytes go and the default budget.
+//! - [`hooks`] and [`stream`]: what a MoE block consults (routing observer, expert top-p,
+//!   streamed experts, next-layer predictor) and [`stream::enable`], which installs them.
 //!
 //! Invariant: nothing here changes what the model computes. Budget, policy, prefetch and
 //! reader count change only when bytes arrive; the bytes handed to the kernels are the ones
@@ -19,17 +21,21 @@
 
 pub mod buf;
 pub mod hist;
+pub mod hooks;
 pub mod plan;
 pub mod policy;
 pub mod sim;
 pub mod store;
+pub mod stream;
 pub mod trace;
 
 pub use buf::{AlignedBuf, ExpertBuf};
 pub use hist::UsageHistogram;
+pub use hooks::{MoeHooks, RoutingObserver};
 pub use plan::MemoryPlan;
 pub use policy::{Access, Policy};
 pub use store::{ExpertSpec, ExpertStore, Extent, StoreConfig, StoreStats, Ticket};
+pub use stream::{StreamOptions, Streaming};
 pub use trace::Trace;
 
 /// One routed expert: its model layer index and its index within the layer.

@@ -46,6 +46,16 @@ pub struct ExpertSpec {
     pub parts: Vec<Extent>,
 }
 
+impl ExpertSpec {
+    /// Bytes of the buffer one read of this expert fills (whole pages per read group).
+    pub fn buffer_len(&self) -> u64 {
+        let lens: Vec<u64> = (0..=self.parts.iter().map(|p| p.file).max().unwrap_or(0))
+            .map(|_| u64::MAX)
+            .collect();
+        ReadPlan::new(self, &lens).map_or(0, |p| p.len as u64)
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct StoreConfig {
     /// Bytes the cache may hold.
@@ -742,6 +752,11 @@ impl ExpertStore {
         }
     }
 
+    /// Tokens counted so far.
+    pub fn tokens(&self) -> u64 {
+        self.shared.c.tokens.load(Ordering::Relaxed)
+    }
+
     /// Counts generated or prefilled tokens, for bytes per token.
     pub fn note_tokens(&self, n: u64) {
         self.shared.c.tokens.fetch_add(n, Ordering::Relaxed);
@@ -860,23 +875,25 @@ fn reader_loop(s: &Shared) {
                 continue;
             }
         }
-        let r = s.read(job.key);
-        let r: ReadResult = r.map(Arc::new);
-        job.pending.complete(r.clone());
-        let mut st = lock(&s.state);
-        let live = matches!(st.entries.get(&job.key), Some(Entry { slot: Slot::Loading(p), .. }) if Arc::ptr_eq(p, &job.pending));
-        if live {
-            match r {
-                Ok(buf) => {
-                    st.resident_bytes += buf.size_bytes() as u64;
-                    st.entries.get_mut(&job.key).expect("live").slot = Slot::Ready(buf);
-                }
-                Err(_) => {
-                    st.entries.remove(&job.key);
-                    st.policy.remove(job.key);
+        let r: ReadResult = s.read(job.key).map(Arc::new);
+        {
+            // The cache first, then the waiters: whoever wakes up sees the final state.
+            let mut st = lock(&s.state);
+            let live = matches!(st.entries.get(&job.key), Some(Entry { slot: Slot::Loading(p), .. }) if Arc::ptr_eq(p, &job.pending));
+            if live {
+                match &r {
+                    Ok(buf) => {
+                        st.resident_bytes += buf.size_bytes() as u64;
+                        st.entries.get_mut(&job.key).expect("live").slot = Slot::Ready(buf.clone());
+                    }
+                    Err(_) => {
+                        st.entries.remove(&job.key);
+                        st.policy.remove(job.key);
+                    }
                 }
             }
         }
+        job.pending.complete(r);
     }
 }
 

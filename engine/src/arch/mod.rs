@@ -140,6 +140,9 @@ impl Layer {
             Attention::Mla(att) => att.forward(&h, rows, caches, cache_layer, sel),
         };
         add_into(x, &a);
+        if let Ffn::Moe(m) = &self.ffn {
+            m.hooks.after_attention(x, n);
+        }
         let h = self.ffn_norm.forward(x);
         let f = match &self.ffn {
             Ffn::Dense(m) => m.forward(&h, n),

@@ -115,6 +115,24 @@ impl Source for RandomSource {
         let Kind::Random(std) = self.kind else {
             return None;
         };
+        if format == WeightFormat::BF16 {
+            // Uniform values, truncated to bf16, generated in parallel straight into bytes.
+            use rayon::prelude::*;
+            let a = std * 3f32.sqrt();
+            let mut data = vec![0u8; rows * cols * 2];
+            data.par_chunks_mut(1 << 16).enumerate().for_each(|(i, c)| {
+                let mut s = self.row_seed(i);
+                for e in c.chunks_exact_mut(2) {
+                    let u = (xorshift(&mut s) >> 40) as f32 / (1u64 << 24) as f32;
+                    let v = (2.0 * u - 1.0) * a;
+                    e.copy_from_slice(&((v.to_bits() >> 16) as u16).to_le_bytes());
+                }
+            });
+            return Some(Packed {
+                data,
+                scales: Vec::new(),
+            });
+        }
         // Standard deviation of the codes of each format when uniformly random.
         let code_std = match format {
             WeightFormat::I8Row => 73.9,

@@ -550,6 +550,13 @@ pub fn convert(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Convert
             &mpath,
             &serde_json::to_vec_pretty(&manifest).expect("manifest serializes"),
         )?;
+        // Lets the kill -9 test interrupt a conversion of a tiny fixture between parts.
+        if let Some(ms) = std::env::var("COLIBRI_CONVERT_PAUSE_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
     }
     let index = serde_json::json!({
         "metadata": { "format": "colibri", "colibri_version": crate::container::FORMAT_VERSION, "total_size": total },

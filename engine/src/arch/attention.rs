@@ -1,6 +1,6 @@
 //! Grouped-query attention with a standard KV cache (OLMoE, Qwen3-MoE, Mixtral, GLM-4.5).
 
-use super::blocks::{softmax, RmsNorm, Rope};
+use super::blocks::{axpy, softmax, RmsNorm, Rope};
 use super::BatchRows;
 use crate::kv::KvCache;
 use crate::tensor::Linear;
@@ -112,9 +112,7 @@ impl GqaAttention {
             for (j, w) in scores.iter().enumerate() {
                 let t = first + j;
                 let vh = &kv.v[t * kw + kvh * hd..t * kw + (kvh + 1) * hd];
-                for (ov, vv) in o.iter_mut().zip(vh) {
-                    *ov = w.mul_add(*vv, *ov);
-                }
+                axpy(o, *w, vh);
             }
         });
         self.o_proj.forward(&out, n)

@@ -153,6 +153,15 @@ impl LayerNorm {
     }
 }
 
+/// `y += a·x`. A plain multiply and add, which the compiler vectorises; `f32::mul_add`
+/// would become a libm call per element on builds without the `fma` target feature.
+#[inline]
+pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    for (yv, xv) in y.iter_mut().zip(x) {
+        *yv += a * xv;
+    }
+}
+
 #[inline]
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())

@@ -12,7 +12,7 @@
 //!
 //! Each sequence of a batch takes whichever is cheaper for its rows and context.
 
-use super::blocks::{row_block, softmax, Loader, RmsNorm, Rope};
+use super::blocks::{axpy, row_block, softmax, Loader, RmsNorm, Rope};
 use super::config::Cfg;
 use super::dsa::{DsaIndexer, Selection};
 use super::BatchRows;
@@ -354,9 +354,7 @@ impl MlaAttention {
                     self.w_uk[head].row_to_f32(j, &mut w);
                     for (a, &i) in ar.iter().enumerate() {
                         let x = q[i * nh * qk + head * qk + j];
-                        for (d, wv) in qa[a * aw..a * aw + lr].iter_mut().zip(&w) {
-                            *d = x.mul_add(*wv, *d);
-                        }
+                        axpy(&mut qa[a * aw..a * aw + lr], x, &w);
                     }
                 }
                 for (a, &i) in ar.iter().enumerate() {
@@ -379,10 +377,7 @@ impl MlaAttention {
             softmax(&mut scores);
             o.fill(0.0);
             for (wt, &t) in scores.iter().zip(pos) {
-                let c = &keys[t as usize * aw..t as usize * aw + lr];
-                for (ov, cv) in o.iter_mut().zip(c) {
-                    *ov = wt.mul_add(*cv, *ov);
-                }
+                axpy(o, *wt, &keys[t as usize * aw..t as usize * aw + lr]);
             }
         });
         // Values: W_uv[h]·o_lat per head.
@@ -454,10 +449,7 @@ impl MlaAttention {
                     softmax(&mut scores);
                     let o = &mut y[a * vd..(a + 1) * vd];
                     for (wt, &t) in scores.iter().zip(pos) {
-                        for (ov, vv) in o.iter_mut().zip(&v[t as usize * vd..(t as usize + 1) * vd])
-                        {
-                            *ov = wt.mul_add(*vv, *ov);
-                        }
+                        axpy(o, *wt, &v[t as usize * vd..(t as usize + 1) * vd]);
                     }
                 }
                 y

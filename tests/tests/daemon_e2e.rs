@@ -767,3 +767,108 @@ async fn peer_from_another_uid_is_refused() {
         d.log_text()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_rpc_stops_a_generation_and_keep_alive_unloads_an_idle_model() {
+    let p = place();
+    let d = start(&p, &["--keep-alive", "2"]);
+    let mut c = d.client().await;
+    let r = Reference::load("olmoe");
+    let id = load(&mut c, &fixture("olmoe")).await;
+    c.create_session(pb::CreateSessionRequest {
+        model: id.clone(),
+        id: "kept".into(),
+    })
+    .await
+    .unwrap();
+    let mut req = greedy(&id, &r.prompt_ids, 240);
+    req.session_id = "kept".into();
+    req.options.as_mut().unwrap().request_id = "long-one".into();
+    let mut c1 = d.client().await;
+    let mut s = c1.generate(req).await.unwrap().into_inner();
+    s.message().await.unwrap().expect("started");
+    let n = c
+        .cancel(pb::CancelRequest {
+            request_id: "long-one".into(),
+            session_id: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .cancelled;
+    assert_eq!(n, 1);
+    let rest = collect(s).await.unwrap();
+    assert_eq!(rest.finish, pb::FinishReason::Cancelled as i32);
+    assert!(
+        rest.ids.len() < 239,
+        "cancel came too late: {} tokens",
+        rest.ids.len()
+    );
+
+    // Idle for longer than --keep-alive: the model is unloaded and its session saved.
+    let t = Instant::now();
+    loop {
+        let st = c.status(pb::StatusRequest {}).await.unwrap().into_inner();
+        if st.models.is_empty() {
+            let s = st
+                .sessions
+                .iter()
+                .find(|s| s.id == "kept")
+                .expect("session listed");
+            assert_eq!(s.state, "saved");
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "model still loaded after keep-alive"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(p.state.join("sessions").join("kept.kv").exists());
+}
+
+/// systemd socket activation: the daemon serves on an inherited listening socket (fd 3).
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_on_a_socket_passed_by_systemd() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("activated.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let fd = listener.as_raw_fd();
+    let log = dir.path().join("log");
+    let mut cmd = std::process::Command::new("sh");
+    // LISTEN_PID must be the daemon's pid: the shell exports its own and execs in place.
+    cmd.arg("-c")
+        .arg(r#"LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" "$@""#)
+        .arg(colibri_tests::daemon::colibrid_bin())
+        .arg("--socket")
+        .arg(dir.path().join("unused.sock"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(log.with_extension("err")).unwrap());
+    // SAFETY: only dup2 (async-signal-safe) runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    drop(listener);
+    let mut c = colibri_proto::connect::client(&socket).await.unwrap();
+    let st = c.status(pb::StatusRequest {}).await.unwrap().into_inner();
+    assert_eq!(st.pid, child.id());
+    assert!(
+        !dir.path().join("unused.sock").exists(),
+        "--socket was bound despite the inherited socket"
+    );
+    c.shutdown(pb::ShutdownRequest {}).await.unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success());
+    assert!(socket.exists(), "the daemon removed systemd's socket file");
+}

@@ -139,3 +139,71 @@ fn latent_cache_bytes_per_token() {
         );
     }
 }
+
+/// The glm_moe_dsa fixture with `indexer_types` replaced, in a temporary folder (the
+/// weights are linked, the extra indexer tensors of shared layers simply go unused).
+fn dsa_variant(indexer_types: serde_json::Value) -> tempfile::TempDir {
+    let src = fixture("glm_moe_dsa");
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    cfg["indexer_types"] = indexer_types;
+    std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
+    std::os::unix::fs::symlink(
+        src.join("model.safetensors"),
+        dir.path().join("model.safetensors"),
+    )
+    .unwrap();
+    dir
+}
+
+/// GLM-5's "shared" layers reuse the previous layer's selection: no indexer of their own, no
+/// indexer keys in their cache, and the cached path still equals one pass.
+#[test]
+fn dsa_shared_layers_reuse_the_previous_selection() {
+    let dir = dsa_variant(serde_json::json!(["full", "shared", "full"]));
+    let model = Model::load(dir.path()).unwrap();
+    let kinds: Vec<(bool, bool)> = model
+        .net
+        .layers
+        .iter()
+        .map(|l| match &l.attn {
+            Attention::Mla(a) => (a.indexer.is_some(), a.shares_selection),
+            _ => panic!("MLA expected"),
+        })
+        .collect();
+    assert_eq!(kinds, vec![(true, false), (false, true), (true, false)]);
+    let cache = model.new_cache();
+    let extra: Vec<usize> = cache.layers.iter().map(|l| l.extra_width).collect();
+    assert_eq!(extra, vec![32, 0, 32]);
+
+    let r = Reference::load("glm_moe_dsa");
+    let vocab = model.info.vocab_size;
+    let full = model.score(&r.input_ids).unwrap();
+    let own = Model::load(&fixture("glm_moe_dsa"))
+        .unwrap()
+        .score(&r.input_ids)
+        .unwrap();
+    assert!(
+        max_abs_diff(&full, &own) > 1e-3,
+        "sharing layer 0's selection changes layer 1"
+    );
+    let mut cache = model.new_cache();
+    let np = r.prompt_ids.len();
+    model.step(&mut cache, &r.input_ids[..np]).unwrap();
+    for p in np..r.input_ids.len() {
+        let got = model.step(&mut cache, &r.input_ids[p..p + 1]).unwrap();
+        let d = max_abs_diff(&got, &full[p * vocab..(p + 1) * vocab]);
+        assert!(d < 1e-4, "position {p}: {d}");
+    }
+}
+
+#[test]
+fn dsa_shared_first_layer_is_a_config_error() {
+    let dir = dsa_variant(serde_json::json!(["shared", "full", "full"]));
+    let err = Model::load(dir.path()).err().expect("refused").to_string();
+    assert!(err.contains("indexer_types"), "{err}");
+    let dir = dsa_variant(serde_json::json!(["full", "sometimes", "full"]));
+    let err = Model::load(dir.path()).err().expect("refused").to_string();
+    assert!(err.contains("sometimes"), "{err}");
+}

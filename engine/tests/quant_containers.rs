@@ -222,7 +222,8 @@ fn hostile_c_layout_containers_are_clear_errors() {
     let file = c.path().join("model.safetensors");
     let orig = std::fs::read(&file).unwrap();
     let victim = "model.layers.0.mlp.experts.3.up_proj.weight";
-    let rewrite = |edit: &dyn Fn(&str, Vec<u8>) -> Option<(Dtype, Vec<usize>, Vec<u8>)>| {
+    type Edit<'a> = &'a dyn Fn(&str, Vec<u8>) -> Option<(Dtype, Vec<usize>, Vec<u8>)>;
+    let rewrite = |edit: Edit| {
         let st = safetensors::SafeTensors::deserialize(&orig).unwrap();
         let mut owned = Vec::new();
         for (n, v) in st.tensors() {

@@ -288,14 +288,14 @@ pub fn c_layout_format(
         }
         return Ok(WeightFormat::I8Row);
     }
-    if cols % 2 == 0 && bytes == numel / 2 {
+    if cols.is_multiple_of(2) && bytes == numel / 2 {
         if scales == rows {
             return Ok(WeightFormat::I4 {
                 group: 0,
                 scale: ScaleType::F32,
             });
         }
-        if scales % rows != 0 {
+        if !scales.is_multiple_of(rows) {
             return Err(format!(
                 "{scales} int4 scales is not a whole number per row ({rows} rows)"
             ));

@@ -39,7 +39,7 @@ pub struct ConvertOptions {
 /// Parses a format name of the command line: `int8`, `int4`, `int2`, `bf16` (`f16`, `f32`)
 /// with the group size for int4/int2 (0 = one scale per row).
 pub fn parse_format(name: &str, group: u32) -> Result<WeightFormat> {
-    if group != 0 && group % 32 != 0 {
+    if group != 0 && !group.is_multiple_of(32) {
         return Err(Error::invalid(
             "group-size",
             format!("{group} is not 0 (per row) or a multiple of 32"),

@@ -60,7 +60,7 @@ pub unsafe fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) 
         WeightFormat::I8Row => dot_i8(w, &act.x) * scalar::scale_at(ScaleType::F32, scales, 0),
         WeightFormat::I4 { scale, .. } | WeightFormat::I2 { scale, .. } => {
             let g = format.group_len(cols).unwrap_or(cols);
-            if g % QBLOCK != 0 && g < cols {
+            if !g.is_multiple_of(QBLOCK) && g < cols {
                 return scalar::dot(format, w, scales, &act.x);
             }
             if matches!(format, WeightFormat::I4 { .. }) {

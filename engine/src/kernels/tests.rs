@@ -173,8 +173,8 @@ fn matmul_is_the_same_for_any_batch() {
                 &one[..],
                 "{format:?} row {i}"
             );
-            for r in 0..rows {
-                assert_eq!(one[r], m.row_dot(r, &x[i * cols..(i + 1) * cols]));
+            for (r, v) in one.iter().enumerate() {
+                assert_eq!(*v, m.row_dot(r, &x[i * cols..(i + 1) * cols]));
             }
         }
     }

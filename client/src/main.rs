@@ -13,10 +13,13 @@ mod doctor;
 mod local;
 mod manage;
 mod output;
+mod plan;
 mod progress;
 mod remote;
 mod run;
+mod simulate;
 mod synth;
+mod trace;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
@@ -101,6 +104,12 @@ enum Command {
     Synth(synth::SynthArgs),
     /// Measure kernels against memory bandwidth, or a model's speed and memory.
     Bench(bench::BenchArgs),
+    /// Where a model's bytes go: resident part, experts, memory, default expert cache.
+    Plan(plan::PlanArgs),
+    /// Record the expert routing of a generation (and, with --stream, the cache's stats).
+    Trace(trace::TraceArgs),
+    /// Replay routing traces against the cache policies and Belady's optimum.
+    Simulate(simulate::SimulateArgs),
     // Engine tools (convert, synth, bench, plan, trace) are added here, each in its own module.
 }
 
@@ -111,6 +120,9 @@ fn dispatch(global: &Global, command: Command) -> anyhow::Result<()> {
         Command::Convert(a) => convert::convert(a),
         Command::Synth(a) => synth::synth(a),
         Command::Bench(a) => bench::bench(a),
+        Command::Plan(a) => plan::plan(a),
+        Command::Trace(a) => trace::trace(global, a),
+        Command::Simulate(a) => simulate::simulate_cmd(a),
         Command::Chat(a) => chat::chat(global, a),
         Command::Status(a) => manage::status(global, a),
         Command::Ps(a) => manage::ps(global, a),

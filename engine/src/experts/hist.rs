@@ -242,52 +242,41 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     })
 }
 
-/// The user's data folder for colibri: `$XDG_DATA_HOME/colibri`, else the platform's usual
-/// place (`~/.local/share`, `~/Library/Application Support`, `%LOCALAPPDATA%`).
-pub fn default_data_dir() -> Option<PathBuf> {
+/// The state folder colibri uses when no `--state-dir` is given, the same as the daemon's:
+/// `$XDG_STATE_HOME/colibri`, else `~/.local/state/colibri` (`%LOCALAPPDATA%\colibri` on
+/// Windows).
+pub fn default_state_dir() -> Option<PathBuf> {
     let env = |k: &str| {
         std::env::var_os(k)
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
     };
-    let base = if cfg!(windows) {
-        env("LOCALAPPDATA")
-    } else if let Some(x) = env("XDG_DATA_HOME") {
-        Some(x)
-    } else if cfg!(target_os = "macos") {
-        env("HOME").map(|h| h.join("Library").join("Application Support"))
-    } else {
-        env("HOME").map(|h| h.join(".local").join("share"))
-    };
-    base.map(|b| b.join("colibri"))
+    if cfg!(windows) {
+        if let Some(d) = env("LOCALAPPDATA") {
+            return Some(d.join("colibri"));
+        }
+    }
+    if let Some(d) = env("XDG_STATE_HOME") {
+        return Some(d.join("colibri"));
+    }
+    env("HOME")
+        .or_else(|| env("USERPROFILE"))
+        .map(|h| h.join(".local").join("state").join("colibri"))
 }
 
-/// The state folder of one model under a state root (`--state-dir`, or the default data
-/// folder): `ROOT/models/<folder name>-<hash of the canonical path>`, so two models with the
-/// same folder name do not share a history.
+/// The state folder of one model under a state root: `ROOT/models/<16 hex digits>`, the
+/// FNV-1a hash of the model folder's canonical path. The daemon keys its per-model files
+/// (pins) the same way, so a model's history and pins sit side by side.
 pub fn model_state_dir(root: &Path, model_dir: &Path) -> PathBuf {
     let canon = model_dir
         .canonicalize()
         .unwrap_or_else(|_| model_dir.to_path_buf());
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in canon.as_os_str().to_string_lossy().bytes() {
+    for b in canon.to_string_lossy().bytes() {
         h ^= b as u64;
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    let name: String = canon
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".into())
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    root.join("models").join(format!("{name}-{h:016x}"))
+    root.join("models").join(format!("{h:016x}"))
 }
 
 #[cfg(test)]
@@ -381,6 +370,14 @@ mod tests {
         let b = model_state_dir(root, Path::new("/other/a b"));
         assert_ne!(a, b);
         assert!(a.starts_with("/state/models"));
-        assert!(a.file_name().unwrap().to_string_lossy().starts_with("a_b-"));
+        // FNV-1a of the path, as the daemon names its per-model folders.
+        let mut h: u64 = 0xcbf29ce484222325;
+        for c in "/models/a b".bytes() {
+            h = (h ^ c as u64).wrapping_mul(0x100000001b3);
+        }
+        assert_eq!(
+            a.file_name().unwrap().to_string_lossy(),
+            format!("{h:016x}")
+        );
     }
 }

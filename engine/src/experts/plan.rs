@@ -214,8 +214,10 @@ impl MemoryPlan {
 pub fn gib(b: u64) -> String {
     if b >= 1 << 30 {
         format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
-    } else {
+    } else if b >= 1 << 20 {
         format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+    } else {
+        format!("{:.1} KiB", b as f64 / 1024.0)
     }
 }
 

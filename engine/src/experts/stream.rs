@@ -33,7 +33,8 @@ pub struct StreamOptions {
     pub direct: bool,
     /// Read the next layer's predicted experts ahead.
     pub prefetch: bool,
-    /// Root of the state folders (`--state-dir`); `None`: the user's data folder.
+    /// The state folder (`--state-dir`); `None`: the daemon's default
+    /// ([`hist::default_state_dir`]). The histogram goes to `models/<hash>/` inside.
     pub state_dir: Option<PathBuf>,
     /// Load and save the usage histogram.
     pub persist: bool,
@@ -342,7 +343,7 @@ pub fn enable_with_plan(
     let (hist, hist_path, from_file) = if opts.persist {
         let root = match &opts.state_dir {
             Some(d) => d.clone(),
-            None => hist::default_data_dir().ok_or_else(|| {
+            None => hist::default_state_dir().ok_or_else(|| {
                 Error::invalid(
                     "state-dir",
                     "no home or data folder is known; give --state-dir",

@@ -5,10 +5,14 @@
 //! Stored as JSON (small: a token costs `layers × top_k` numbers) with a version, validated
 //! on read like every other file the engine reads.
 
+use super::hist::UsageHistogram;
+use super::hooks::RoutingObserver;
 use super::Key;
+use crate::arch::moe::Route;
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+use std::sync::Mutex;
 
 pub const TRACE_VERSION: u32 = 1;
 
@@ -100,6 +104,33 @@ impl Trace {
             }
         }
         out
+    }
+
+    /// Demand counts per expert over the whole trace (what the store's histogram would
+    /// hold after replaying it).
+    pub fn histogram(&self) -> UsageHistogram {
+        let mut h = UsageHistogram::new(self.n_layers, self.n_experts);
+        for r in self.requests() {
+            h.add(r.key, 1);
+        }
+        h
+    }
+
+    /// The first `tokens` tokens (whole steps).
+    pub fn head(&self, tokens: usize) -> Trace {
+        let mut t = Trace {
+            steps: Vec::new(),
+            ..self.clone()
+        };
+        let mut seen = 0;
+        for s in &self.steps {
+            if seen >= tokens {
+                break;
+            }
+            seen += s.rows;
+            t.steps.push(s.clone());
+        }
+        t
     }
 
     /// Checks every index against the declared shape.
@@ -257,6 +288,57 @@ impl Trace {
     }
 }
 
+/// Records the routing of a model's forward steps into a [`Trace`]: install it as every MoE
+/// block's observer and call [`Recorder::begin_step`] before each step.
+pub struct Recorder {
+    trace: Mutex<Trace>,
+}
+
+impl Recorder {
+    pub fn new(trace: Trace) -> Recorder {
+        Recorder {
+            trace: Mutex::new(trace),
+        }
+    }
+
+    /// Starts a forward step of `rows` rows.
+    pub fn begin_step(&self, rows: usize) {
+        self.lock().steps.push(TraceStep {
+            rows,
+            layers: Vec::new(),
+        });
+    }
+
+    pub fn trace(&self) -> Trace {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Trace> {
+        self.trace.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl RoutingObserver for Recorder {
+    fn observe(&self, layer: usize, routes: &[Route]) {
+        let mut t = self.lock();
+        if t.steps.is_empty() {
+            t.steps.push(TraceStep {
+                rows: routes.len(),
+                layers: Vec::new(),
+            });
+        }
+        let step = t.steps.last_mut().expect("a step");
+        step.layers.push(LayerRoutes {
+            layer,
+            experts: routes
+                .iter()
+                .map(|r| r.experts.iter().map(|&e| e as u32).collect())
+                .collect(),
+            weights: routes.iter().map(|r| r.weights.clone()).collect(),
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,6 +400,31 @@ mod tests {
 
         std::fs::write(&p, b"{\"version\": 1}").unwrap();
         assert!(matches!(Trace::load(&p), Err(Error::CorruptFile { .. })));
+    }
+
+    #[test]
+    fn recorder_builds_steps_and_histogram_counts_requests() {
+        let r = Recorder::new(Trace::new("rec", 2, 4, 2, 8));
+        let route = |e: &[usize]| Route {
+            experts: e.to_vec(),
+            weights: vec![0.5; e.len()],
+        };
+        r.begin_step(2);
+        r.observe(0, &[route(&[3, 1]), route(&[1, 2])]);
+        r.observe(1, &[route(&[0, 1]), route(&[0, 1])]);
+        r.begin_step(1);
+        r.observe(0, &[route(&[1, 2])]);
+        let t = r.trace();
+        t.validate(Path::new("rec")).unwrap();
+        assert_eq!(t.tokens(), 3);
+        assert_eq!(t.steps[0].layers[0].experts, vec![vec![3, 1], vec![1, 2]]);
+        let h = t.histogram();
+        // Batch-union: in step 0 layer 0, expert 1 is counted once.
+        assert_eq!(h.get(Key::new(0, 1)), 2);
+        assert_eq!(h.get(Key::new(1, 0)), 1);
+        assert_eq!(h.total(), 3 + 2 + 2);
+        assert_eq!(t.head(2).steps.len(), 1);
+        assert_eq!(t.head(3).steps.len(), 2);
     }
 
     #[test]

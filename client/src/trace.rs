@@ -1,0 +1,334 @@
+//! `coli trace`: runs a greedy generation in this process, records which experts every layer
+//! routed each token to (a routing trace for `coli simulate`), and reports speed, memory and,
+//! with `--stream`, the expert cache's statistics next to Belady's optimum on the same trace.
+//! It is also how streaming is benchmarked (docs/STREAMING.md).
+
+use crate::local;
+use crate::output::fmt_bytes;
+use crate::run::PromptSpec;
+use crate::Global;
+use anyhow::Context;
+use clap::Args;
+use colibri_engine::arch::Ffn;
+use colibri_engine::experts::sim::belady;
+use colibri_engine::experts::stream::{self, StreamOptions};
+use colibri_engine::experts::trace::Recorder;
+use colibri_engine::experts::{policy, RoutingObserver, StoreStats, Trace};
+use colibri_engine::{GenerateRequest, Generation, LogitsWanted, SamplingParams, SeqStep};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Args, Debug)]
+pub struct TraceArgs {
+    /// Model folder (Hub checkpoint or colibri container).
+    #[arg(long, value_name = "DIR")]
+    pub model: PathBuf,
+    /// Prompt text (chat template applied unless --raw).
+    #[arg(
+        long,
+        conflicts_with = "prompt_ids",
+        required_unless_present = "prompt_ids"
+    )]
+    pub prompt: Option<String>,
+    /// Prompt as token ids, comma separated.
+    #[arg(long, value_delimiter = ',', value_name = "IDS")]
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Encode the prompt as is, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// Tokens to generate (greedy; end-of-sequence tokens do not stop it).
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Prompt tokens per prefill step.
+    #[arg(long, default_value_t = 512)]
+    pub prefill_chunk: usize,
+    /// Where to write the routing trace (JSON).
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Serve the routed experts from the budgeted expert cache instead of the memory map.
+    #[arg(long)]
+    pub stream: bool,
+    #[command(flatten)]
+    pub cache: CacheArgs,
+    /// Print the statistics as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The expert cache's options (with `--stream`).
+#[derive(Args, Debug, Clone)]
+pub struct CacheArgs {
+    /// Expert cache budget in MiB [default: MemAvailable (or the cgroup's room) minus the
+    /// resident part minus a safety margin; see `coli plan`].
+    #[arg(long, value_name = "MB")]
+    pub expert_cache: Option<u64>,
+    /// Replacement policy: lru, lfu, lfu-admit, lrfu[:HALF_LIFE], arc, or pinned-<policy>.
+    #[arg(long, default_value = policy::DEFAULT_POLICY)]
+    pub policy: String,
+    /// Share of the cache given to pins by a pinned policy.
+    #[arg(long, default_value_t = 0.5)]
+    pub pin_share: f64,
+    /// Reader threads (reads in flight).
+    #[arg(long, default_value_t = 4)]
+    pub readers: usize,
+    /// Buffered reads (with page-cache eviction) instead of O_DIRECT.
+    #[arg(long)]
+    pub buffered: bool,
+    /// Do not read the next layer's predicted experts ahead.
+    #[arg(long)]
+    pub no_prefetch: bool,
+    /// Neither load nor save the usage history (a cold start every time).
+    #[arg(long)]
+    pub no_history: bool,
+    /// LOSSY: keep each token's experts, heaviest first, until their routing weight reaches
+    /// this share of the total (e.g. 0.9). Off by default.
+    #[arg(long, value_name = "P")]
+    pub expert_topp: Option<f32>,
+}
+
+impl CacheArgs {
+    pub fn options(&self, state_dir: Option<PathBuf>) -> StreamOptions {
+        StreamOptions {
+            budget: self.expert_cache.map(|mb| mb << 20),
+            policy: self.policy.clone(),
+            pin_share: self.pin_share,
+            readers: self.readers,
+            direct: !self.buffered,
+            prefetch: !self.no_prefetch,
+            state_dir,
+            persist: !self.no_history,
+            preload: !self.no_history,
+        }
+    }
+}
+
+pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
+    if let Some(p) = a.cache.expert_topp {
+        if !(p > 0.0 && p <= 1.0) {
+            anyhow::bail!("--expert-topp must be in (0, 1], got {p}");
+        }
+        eprintln!("note: --expert-topp {p} is lossy: outputs differ from the full model");
+    }
+    let (mut model, load_s) =
+        local::load_model(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
+    let streaming = if a.stream {
+        let s = stream::enable(&mut model, &a.cache.options(global.state_dir.clone()))?;
+        for w in &s.warnings {
+            eprintln!("warning: {w}");
+        }
+        Some(s)
+    } else {
+        None
+    };
+    let (n_layers, n_experts, top_k) = moe_shape(&model)?;
+    let expert_bytes = match &streaming {
+        Some(s) => s.store.expert_bytes(),
+        None => stream::model_bytes(&model.net).expert_size,
+    };
+    let rec = Arc::new(Recorder::new(Trace::new(
+        a.model.display().to_string(),
+        n_layers,
+        n_experts,
+        top_k,
+        expert_bytes,
+    )));
+    let obs: Arc<dyn RoutingObserver> = rec.clone();
+    for (li, l) in model.net.layers.iter_mut().enumerate() {
+        if let Ffn::Moe(m) = &mut l.ffn {
+            m.hooks.layer = li;
+            m.hooks.observer = Some(obs.clone());
+            m.hooks.top_p = a.cache.expert_topp;
+        }
+    }
+
+    let spec = match (&a.prompt_ids, &a.prompt) {
+        (Some(ids), _) => PromptSpec::Ids(ids.clone()),
+        (None, Some(t)) => PromptSpec::Text {
+            text: t.clone(),
+            system: None,
+            raw: a.raw,
+        },
+        (None, None) => anyhow::bail!("give --prompt or --prompt-ids"),
+    };
+    let prompt = local::prompt_ids(&model, &spec)?;
+    let req = GenerateRequest {
+        prompt: prompt.clone(),
+        max_tokens: a.max_tokens,
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        },
+        stop_strings: Vec::new(),
+        ignore_eos: true,
+    };
+    let mut g = Generation::new(&model, model.new_cache(), req)?;
+    let (mut prefill_s, mut decode_s, mut decoded) = (0.0f64, 0.0f64, 0usize);
+    let mut stats_after_prefill = None;
+    let mut stats_after_first = None;
+    while g.finished().is_none() {
+        let (tokens, want) = g.next_input(a.prefill_chunk);
+        let tokens = tokens.to_vec();
+        let prefill = g.prompt_pending() > 0;
+        rec.begin_step(tokens.len());
+        let t = Instant::now();
+        let mut b = [SeqStep {
+            cache: &mut g.cache,
+            tokens: &tokens,
+            logits: want,
+        }];
+        let out = model.forward(&mut b)?;
+        let logits = (want != LogitsWanted::None).then(|| out[0].as_slice());
+        g.accept(&model, tokens.len(), logits)?;
+        let dt = t.elapsed().as_secs_f64();
+        if prefill {
+            prefill_s += dt;
+            if g.prompt_pending() == 0 {
+                stats_after_prefill = streaming.as_ref().map(|s| s.stats());
+            }
+        } else {
+            decode_s += dt;
+            decoded += tokens.len();
+            if decoded == FIRST_TOKENS {
+                stats_after_first = streaming.as_ref().map(|s| s.stats());
+            }
+        }
+    }
+    let trace = rec.trace();
+    if let Some(p) = &a.output {
+        trace
+            .save(p)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    let rss = peak_rss();
+    let mut report = serde_json::json!({
+        "model": a.model.display().to_string(),
+        "load_seconds": load_s,
+        "prompt_tokens": prompt.len(),
+        "generated_tokens": g.generated().len(),
+        "prefill_tokens_per_second": prompt.len() as f64 / prefill_s.max(1e-9),
+        "decode_tokens_per_second": decoded as f64 / decode_s.max(1e-9),
+        "peak_rss_bytes": rss,
+        "expert_top_p": a.cache.expert_topp,
+    });
+    if let Some(s) = &streaming {
+        let st = s.stats();
+        // Decode only: what the generation costs once the prompt is in.
+        let pre = stats_after_prefill.unwrap_or_default();
+        let d_req = st.requests - pre.requests;
+        let d_bytes = st.bytes_read - pre.bytes_read;
+        let decode_trace = Trace {
+            steps: trace
+                .steps
+                .iter()
+                .skip_while(|x| x.rows > 1)
+                .cloned()
+                .collect(),
+            ..trace.clone()
+        };
+        let opt = belady(&trace, st.capacity_experts);
+        let opt_decode = belady(&decode_trace, st.capacity_experts);
+        report["store"] = serde_json::to_value(&st)?;
+        report["plan"] = serde_json::json!({
+            "resident_bytes": s.plan.model.resident,
+            "expert_bytes_total": s.plan.model.experts,
+            "available_bytes": s.plan.available(),
+            "budget_bytes": s.plan.budget,
+        });
+        report["decode"] = serde_json::json!({
+            "requests": d_req,
+            "hit_rate": hit_rate_between(&pre, &st),
+            "bytes_read_per_token": d_bytes as f64 / decoded.max(1) as f64,
+            "belady_bytes_per_token": opt_decode.bytes_per_token(),
+            "belady_hit_rate": opt_decode.hit_rate(),
+            "first_32_tokens_hit_rate": stats_after_first.as_ref().map(|f| hit_rate_between(&pre, f)),
+            "after_32_tokens_hit_rate": stats_after_first.as_ref().map(|f| hit_rate_between(f, &st)),
+        });
+        report["belady_whole_run"] = serde_json::json!({
+            "hit_rate": opt.hit_rate(),
+            "bytes_per_token": opt.bytes_per_token(),
+        });
+        s.save_histogram()?;
+    }
+    if a.json {
+        crate::output::print_json(&report)?;
+    } else {
+        print_report(&report);
+        if let Some(s) = &streaming {
+            eprint!("{}", s.stats());
+        }
+    }
+    Ok(())
+}
+
+/// Decode tokens over which the start-up hit rate is measured (the rest is "warm").
+const FIRST_TOKENS: usize = 32;
+
+/// The store's hit rate over the requests between two snapshots.
+fn hit_rate_between(a: &StoreStats, b: &StoreStats) -> f64 {
+    let req = b.requests - a.requests;
+    let hit = (b.hits + b.inflight_hits) - (a.hits + a.inflight_hits);
+    hit as f64 / req.max(1) as f64
+}
+
+fn print_report(r: &serde_json::Value) {
+    let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
+    eprintln!(
+        "{} prompt tokens at {:.1} tok/s, {} generated at {:.2} tok/s; load {:.1} s; peak RSS {}",
+        r["prompt_tokens"],
+        f("prefill_tokens_per_second"),
+        r["generated_tokens"],
+        f("decode_tokens_per_second"),
+        f("load_seconds"),
+        fmt_bytes(r["peak_rss_bytes"].as_u64().unwrap_or(0))
+    );
+    if let Some(d) = r.get("decode") {
+        let g = |k: &str| d[k].as_f64().unwrap_or(0.0);
+        eprintln!(
+            "decode: hit rate {:.1}%, {} read per token; Belady at the same capacity: {:.1}%, {} per token ({:.2}×)",
+            100.0 * g("hit_rate"),
+            fmt_bytes(g("bytes_read_per_token") as u64),
+            100.0 * g("belady_hit_rate"),
+            fmt_bytes(g("belady_bytes_per_token") as u64),
+            g("bytes_read_per_token") / g("belady_bytes_per_token").max(1.0)
+        );
+        if let (Some(a), Some(b)) = (
+            d["first_32_tokens_hit_rate"].as_f64(),
+            d["after_32_tokens_hit_rate"].as_f64(),
+        ) {
+            eprintln!(
+                "decode hit rate: first 32 tokens {:.1}%, after them {:.1}%",
+                100.0 * a,
+                100.0 * b
+            );
+        }
+    }
+}
+
+/// Layers, experts per layer and top-k of the model's MoE blocks.
+fn moe_shape(model: &colibri_engine::Model) -> anyhow::Result<(usize, usize, usize)> {
+    let mut experts = 0;
+    let mut top_k = 0;
+    for l in &model.net.layers {
+        if let Ffn::Moe(m) = &l.ffn {
+            experts = experts.max(m.experts.len());
+            top_k = top_k.max(m.top_k);
+        }
+    }
+    if experts == 0 {
+        anyhow::bail!("{} has no routed experts", model.info.dir.display());
+    }
+    Ok((model.net.layers.len(), experts, top_k))
+}
+
+/// Peak resident set of this process (VmHWM), 0 where unknown.
+fn peak_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}

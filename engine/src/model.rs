@@ -117,6 +117,23 @@ impl Model {
         Ok(out)
     }
 
+    /// [`forward`](Self::forward) that also returns the final-normed hidden states of the
+    /// rows `hidden[s]` selects for sequence `s` (what MTP layers draft from; see
+    /// [`Network::forward_with_hidden`](crate::arch::Network::forward_with_hidden)).
+    #[allow(clippy::type_complexity)]
+    pub fn forward_with_hidden(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        hidden: &[LogitsWanted],
+    ) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+        for s in batch.iter() {
+            self.check_tokens(s.cache.len, s.tokens, "tokens")?;
+        }
+        let out = self.net.forward_with_hidden(batch, hidden);
+        crate::experts::stream::take_error(&self.net)?;
+        Ok(out)
+    }
+
     /// Convenience: feeds `tokens` to one sequence and returns the last position's logits.
     pub fn step(&self, cache: &mut KvCache, tokens: &[u32]) -> Result<Vec<f32>> {
         let mut b = [SeqStep {

@@ -275,7 +275,6 @@ impl SpeculativeGeneration {
         tokens: &[u32],
         logits: LogitsWanted,
     ) -> Result<Vec<f32>> {
-        model.check_tokens(self.gen.cache.len(), tokens, "tokens")?;
         let hidden = if self.mtp_active() {
             LogitsWanted::All
         } else {
@@ -286,7 +285,7 @@ impl SpeculativeGeneration {
             tokens,
             logits,
         }];
-        let (mut out, mut h) = model.net.forward_with_hidden(&mut step, &[hidden]);
+        let (mut out, mut h) = model.forward_with_hidden(&mut step, &[hidden])?;
         if let Some(Drafter::Mtp(m)) = &mut self.drafter {
             if self.k > 0 {
                 m.backlog.append(&mut h[0]);

@@ -264,11 +264,10 @@ impl MlaAttention {
         } else {
             None
         };
-        // Each row's attended positions, ascending.
-        let positions: Vec<Vec<u32>> = (0..n)
-            .map(|i| match sparse.and_then(|s| s[i].as_ref()) {
-                Some(p) => p.clone(),
-                None => (0..=rows.pos[i] as u32).collect(),
+        let positions: Vec<Attended> = (0..n)
+            .map(|i| match sparse.and_then(|s| s[i].as_deref()) {
+                Some(p) => Attended::Picked(p),
+                None => Attended::Causal(rows.pos[i] + 1),
             })
             .collect();
         let caches: Vec<&KvCache> = caches.iter().map(|c| &**c).collect();
@@ -280,7 +279,8 @@ impl MlaAttention {
                 continue;
             }
             let context = rows.pos[r.end - 1] + 1;
-            if self.absorbed_is_cheaper(r.len(), context) {
+            let pairs: usize = r.clone().map(|i| positions[i].len()).sum();
+            if self.absorbed_is_cheaper(r.len(), context, pairs) {
                 absorbed_rows.extend(r);
             } else {
                 self.attend_expanded(&q, rows, s, cache, layer, &positions, &mut out);
@@ -300,13 +300,14 @@ impl MlaAttention {
         self.o_proj.forward(&out, n)
     }
 
-    /// Multiply-adds of each formulation for `q_rows` queries over `context` positions.
-    fn absorbed_is_cheaper(&self, q_rows: usize, context: usize) -> bool {
+    /// Multiply-adds of each formulation for `q_rows` queries over a context of `context`
+    /// positions, attending `pairs` (query, position) pairs in all (fewer under DSA).
+    fn absorbed_is_cheaper(&self, q_rows: usize, context: usize, pairs: usize) -> bool {
         match self.path {
             MlaPath::Absorbed => true,
             MlaPath::Expanded => false,
             MlaPath::Auto => {
-                let (q, t) = (q_rows as f64, context as f64);
+                let (q, t, a) = (q_rows as f64, context as f64, pairs as f64);
                 let (h, n, r, v, l) = (
                     self.n_heads as f64,
                     self.nope as f64,
@@ -314,8 +315,8 @@ impl MlaAttention {
                     self.v_dim as f64,
                     self.kv_rank as f64,
                 );
-                let expanded = t * h * (n + v) * l + q * t * h * (n + r + v);
-                let absorbed = q * h * n * l + q * t * h * (2.0 * l + r) + q * h * l * v;
+                let expanded = t * h * (n + v) * l + a * h * (n + r + v);
+                let absorbed = q * h * n * l + a * h * (2.0 * l + r) + q * h * l * v;
                 absorbed <= expanded
             }
         }
@@ -330,7 +331,7 @@ impl MlaAttention {
         ar: &[usize],
         caches: &[&KvCache],
         layer: usize,
-        positions: &[Vec<u32>],
+        positions: &[Attended],
         out: &mut [f32],
     ) {
         let (nh, qk, lr, rd, vd) = (
@@ -369,15 +370,15 @@ impl MlaAttention {
             let i = ar[a];
             let keys = &caches[rows.seq[i]].layers[layer].k;
             let qv = &q_abs[(head * m + a) * aw..(head * m + a + 1) * aw];
-            let pos = &positions[i];
+            let pos = positions[i];
             let mut scores: Vec<f32> = pos
                 .iter()
-                .map(|&t| dot_f32(qv, &keys[t as usize * aw..(t as usize + 1) * aw]) * self.scale)
+                .map(|t| dot_f32(qv, &keys[t * aw..(t + 1) * aw]) * self.scale)
                 .collect();
             softmax(&mut scores);
             o.fill(0.0);
-            for (wt, &t) in scores.iter().zip(pos) {
-                axpy(o, *wt, &keys[t as usize * aw..t as usize * aw + lr]);
+            for (wt, t) in scores.iter().zip(pos.iter()) {
+                axpy(o, *wt, &keys[t * aw..t * aw + lr]);
             }
         });
         // Values: W_uv[h]·o_lat per head.
@@ -406,7 +407,7 @@ impl MlaAttention {
         s: usize,
         cache: &KvCache,
         layer: usize,
-        positions: &[Vec<u32>],
+        positions: &[Attended],
         out: &mut [f32],
     ) {
         let (nh, qk, lr, rd, vd, nope) = (
@@ -436,11 +437,10 @@ impl MlaAttention {
                 for (a, i) in r.clone().enumerate() {
                     let qo = i * nh * qk + head * qk;
                     let (qn, qr) = (&q[qo..qo + nope], &q[qo + nope..qo + qk]);
-                    let pos = &positions[i];
+                    let pos = positions[i];
                     let mut scores: Vec<f32> = pos
                         .iter()
-                        .map(|&t| {
-                            let t = t as usize;
+                        .map(|t| {
                             let kr = &keys[t * aw + lr..(t + 1) * aw];
                             (dot_f32(qn, &k_nope[t * nope..(t + 1) * nope]) + dot_f32(qr, kr))
                                 * self.scale
@@ -448,8 +448,8 @@ impl MlaAttention {
                         .collect();
                     softmax(&mut scores);
                     let o = &mut y[a * vd..(a + 1) * vd];
-                    for (wt, &t) in scores.iter().zip(pos) {
-                        axpy(o, *wt, &v[t as usize * vd..(t as usize + 1) * vd]);
+                    for (wt, t) in scores.iter().zip(pos.iter()) {
+                        axpy(o, *wt, &v[t * vd..(t + 1) * vd]);
                     }
                 }
                 y
@@ -461,5 +461,31 @@ impl MlaAttention {
                     .copy_from_slice(&y[a * vd..(a + 1) * vd]);
             }
         }
+    }
+}
+
+/// The cache positions one query attends to, ascending.
+#[derive(Clone, Copy, Debug)]
+enum Attended<'a> {
+    /// Every position before it and itself: `0..n`.
+    Causal(usize),
+    /// The DSA indexer's choice.
+    Picked(&'a [u32]),
+}
+
+impl<'a> Attended<'a> {
+    fn len(&self) -> usize {
+        match self {
+            Attended::Causal(n) => *n,
+            Attended::Picked(p) => p.len(),
+        }
+    }
+
+    fn iter(self) -> impl Iterator<Item = usize> + 'a {
+        let (n, picked) = match self {
+            Attended::Causal(n) => (n, None),
+            Attended::Picked(p) => (p.len(), Some(p)),
+        };
+        (0..n).map(move |j| picked.map_or(j, |p| p[j] as usize))
     }
 }

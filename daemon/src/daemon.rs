@@ -438,9 +438,9 @@ impl Daemon {
         for (path, r) in snapshot::scan(&self.state.sessions_dir()) {
             match r {
                 Ok(s) => {
-                    if let Some(live) = out.iter_mut().find(|x| x.id == s.meta.id) {
-                        live.persisted |= live.state != "generating"
-                            && s.meta.last_used_unix_ms == live.last_used_unix_ms;
+                    // A live session is described by its engine (which knows whether the
+                    // snapshot is current).
+                    if out.iter().any(|x| x.id == s.meta.id) {
                         continue;
                     }
                     out.push(pb::SessionInfo {

@@ -5,8 +5,9 @@ use crate::output::{print_score, RunSink, RunStats};
 use crate::progress;
 use crate::run::{PromptSpec, RunArgs, ScoreArgs};
 use anyhow::Context;
+use colibri_engine::speculative::{DraftMode, SpeculativeGeneration};
 use colibri_engine::text::ChatMessage;
-use colibri_engine::{Error, GenerateRequest, Generation, Model};
+use colibri_engine::{Error, GenerateRequest, Model};
 use std::path::Path;
 use std::time::Instant;
 
@@ -86,7 +87,13 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         stop_strings: args.stop.clone(),
         ignore_eos: args.ignore_eos,
     };
-    let mut generation = Generation::new(&model, model.new_cache(), req)?;
+    // Automatic drafting only for greedy decoding: with sampling, speculation keeps the
+    // distribution but a fixed seed would give other tokens depending on measured speed.
+    let mode = match DraftMode::from_flags(args.draft, args.no_draft)? {
+        DraftMode::Auto if req.sampling.temperature > 0.0 => DraftMode::Off,
+        m => m,
+    };
+    let mut generation = SpeculativeGeneration::new(&model, model.new_cache(), req, mode)?;
     let mut sink = RunSink::new(args.output);
     let start = Instant::now();
     let mut first_token: Option<Instant> = None;
@@ -102,6 +109,8 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     if let Some(e) = write_err {
         return Err(e).context("writing to stdout");
     }
+    let spec = generation.stats().clone();
+    let generation = generation.into_generation();
     let end = Instant::now();
     let first = first_token.unwrap_or(end);
     let stats = RunStats {
@@ -121,6 +130,19 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     sink.finish(reason, &stats)?;
     if args.stats {
         eprintln!("{} (finish: {reason})", stats.summary());
+        match &spec.disabled {
+            Some(why) if spec.drafted == 0 => eprintln!("speculation: off ({why})"),
+            _ => eprintln!(
+                "speculation: {} drafted, {} accepted ({:.1}%){}",
+                spec.drafted,
+                spec.accepted,
+                spec.acceptance() * 100.0,
+                spec.disabled
+                    .as_ref()
+                    .map(|w| format!(", then stopped: {w}"))
+                    .unwrap_or_default()
+            ),
+        }
     }
     Ok(())
 }

@@ -132,6 +132,14 @@ pub struct RunArgs {
     /// Print timing statistics on stderr when done.
     #[arg(long)]
     pub stats: bool,
+    /// Draft N tokens per step with the model's MTP layers and verify them in one batched
+    /// forward (DeepSeek-V3 / GLM checkpoints that carry MTP layers; --local only for now).
+    /// Default: automatic for greedy decoding, turned off when it does not pay.
+    #[arg(long, value_name = "N", conflicts_with = "no_draft")]
+    pub draft: Option<usize>,
+    /// Never draft.
+    #[arg(long)]
+    pub no_draft: bool,
 }
 
 impl RunArgs {

@@ -5,7 +5,15 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const FAMILIES: &[&str] = &["olmoe", "qwen3_moe", "mixtral"];
+const FAMILIES: &[&str] = &[
+    "olmoe",
+    "qwen3_moe",
+    "mixtral",
+    "deepseek_v3",
+    "deepseek_v3_noqlora",
+    "glm4_moe",
+    "glm_moe_dsa",
+];
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
@@ -301,7 +309,8 @@ fn unknown_model_type_lists_supported_types() {
     std::fs::write(&cfg, serde_json::to_vec(&v).unwrap()).unwrap();
     let err = assert_clean_failure(&run_ids_on(tmp.path()));
     assert!(err.contains("llama_moe_9000"), "{err}");
-    for f in FAMILIES {
+    // Fixture folder names are model types, except variants like deepseek_v3_noqlora.
+    for f in FAMILIES.iter().filter(|f| !f.ends_with("_noqlora")) {
         assert!(err.contains(f), "supported type {f} not listed: {err}");
     }
 }
@@ -453,4 +462,55 @@ fn malformed_arguments_are_usage_errors() {
     ]);
     let err = assert_clean_failure(&o);
     assert!(err.contains("temperature"), "{err}");
+}
+
+/// Speculation with the MTP layers changes speed, never greedy tokens.
+#[test]
+fn draft_keeps_greedy_tokens() {
+    for family in ["deepseek_v3", "glm_moe_dsa"] {
+        let dir = fixtures().join(family);
+        let r = reference(&dir);
+        let want = ids_of(&r["greedy_ids"]);
+        for draft in ["--draft=1", "--draft=3", "--no-draft"] {
+            let o = coli(&[
+                "run",
+                "--local",
+                "--model",
+                dir.to_str().unwrap(),
+                "--prompt-ids",
+                &csv(&ids_of(&r["prompt_ids"])),
+                "--max-tokens",
+                &want.len().to_string(),
+                "--temperature",
+                "0",
+                "--ignore-eos",
+                "--output",
+                "ids",
+                "--stats",
+                draft,
+            ]);
+            assert_ok(&o);
+            let got: Vec<u32> = stdout(&o)
+                .split_whitespace()
+                .map(|t| t.parse().unwrap())
+                .collect();
+            assert_eq!(got, want, "{family} {draft}");
+            assert!(stderr(&o).contains("speculation:"), "{}", stderr(&o));
+        }
+    }
+    // A model without MTP layers refuses an explicit draft request.
+    let o = coli(&[
+        "run",
+        "--local",
+        "--model",
+        fixtures().join("olmoe").to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "2",
+        "--draft",
+        "2",
+    ]);
+    let err = assert_clean_failure(&o);
+    assert!(err.contains("MTP"), "{err}");
 }

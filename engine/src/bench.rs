@@ -102,8 +102,10 @@ pub fn kernel_report(bytes: usize, threads: usize, reps: usize) -> KernelReport 
         .build()
         .expect("a rayon pool");
     pool.install(|| {
+        // The yardstick is measured before and after the kernels and the better one kept, so
+        // a burst of load from other processes cannot flatter the kernels' share.
         let buf = random_bytes(bytes, 1);
-        let bandwidth = read_bandwidth(&buf, reps);
+        let mut bandwidth = read_bandwidth(&buf, reps);
         drop(buf);
         let cols = 4096;
         let cases: Vec<(String, WeightFormat, bool)> = vec![
@@ -155,6 +157,9 @@ pub fn kernel_report(bytes: usize, threads: usize, reps: usize) -> KernelReport 
                 bytes_per_s: m.size_bytes() as f64 / t,
             });
         }
+        let buf = random_bytes(bytes, 2);
+        bandwidth = bandwidth.max(read_bandwidth(&buf, reps));
+        drop(buf);
         KernelReport {
             threads,
             level: kernels::level().name(),

@@ -344,6 +344,51 @@ unsafe fn dot_i8_q8(w: &[u8], scales: &[u8], act: &Act, q: &super::Q8Act) -> f32
     hsum(acc) * s + scalar::dot_q8_blocks(WeightFormat::I8Row, w, scales, q, cols, full)
 }
 
+/// Converts scales `first..first + out.len()` of a row to f32 (8 at a time through F16C).
+#[inline(always)]
+unsafe fn scales_f32(st: ScaleType, s: &[u8], first: usize, out: &mut [f32]) {
+    match st {
+        ScaleType::F32 => {
+            for (k, o) in out.iter_mut().enumerate() {
+                *o = scale(st, s, first + k);
+            }
+        }
+        ScaleType::F16 => {
+            let mut k = 0;
+            while k + 8 <= out.len() {
+                let h = _mm_loadu_si128(s.as_ptr().add(2 * (first + k)) as *const __m128i);
+                _mm256_storeu_ps(out.as_mut_ptr().add(k), _mm256_cvtph_ps(h));
+                k += 8;
+            }
+            while k < out.len() {
+                out[k] = scale(st, s, first + k);
+                k += 1;
+            }
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn i4_q8_pair(
+    pw: *const u8,
+    pq: *const i8,
+    pc: *const i32,
+    m0f: __m256i,
+    ones: __m256i,
+) -> __m256 {
+    let v = _mm256_loadu_si256(pw as *const __m256i);
+    let lo = _mm256_and_si256(v, m0f);
+    let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+    let qe = _mm256_loadu_si256(pq as *const __m256i);
+    let qo = _mm256_loadu_si256(pq.add(32) as *const __m256i);
+    let s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, qe), _mm256_maddubs_epi16(hi, qo));
+    let i = _mm256_sub_epi32(
+        _mm256_madd_epi16(s16, ones),
+        _mm256_loadu_si256(pc as *const __m256i),
+    );
+    _mm256_cvtepi32_ps(i)
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_i4_q8(
     w: &[u8],
@@ -360,37 +405,57 @@ unsafe fn dot_i4_q8(
     let m0f = _mm256_set1_epi8(0x0F);
     let (pw, pq, pd, pc) = (w.as_ptr(), q.qp.as_ptr(), q.d8.as_ptr(), q.corr8.as_ptr());
     let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    // Both blocks of a pair share a scale unless groups are 32 wide.
-    let shared = g >= 2 * QBLOCK;
-    let mut sv = _mm256_setzero_ps();
-    let mut cur_group = usize::MAX;
-    for p in 0..pairs {
-        let v = _mm256_loadu_si256(pw.add(p * 32) as *const __m256i);
-        prefetch(pw.add(p * 32 + PREFETCH));
-        let lo = _mm256_and_si256(v, m0f);
-        let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
-        let qe = _mm256_loadu_si256(pq.add(p * 64) as *const __m256i);
-        let qo = _mm256_loadu_si256(pq.add(p * 64 + 32) as *const __m256i);
-        let s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, qe), _mm256_maddubs_epi16(hi, qo));
-        let i = _mm256_sub_epi32(
-            _mm256_madd_epi16(s16, ones),
-            _mm256_loadu_si256(pc.add(p * 8) as *const __m256i),
-        );
-        if shared {
-            let gi = (2 * p * QBLOCK) / g;
-            if gi != cur_group {
-                cur_group = gi;
-                sv = _mm256_set1_ps(scale(st, scales, gi));
+    if g >= 2 * QBLOCK && (g >= cols || g.is_multiple_of(2 * QBLOCK)) {
+        // Whole pairs per group: walk group by group with the scale in a register, the
+        // row's scales converted to f32 a window at a time.
+        let pairs_per_group = (g / (2 * QBLOCK)).max(1);
+        let n_groups = pairs.div_ceil(pairs_per_group);
+        let mut buf = [0f32; 64];
+        let mut p = 0;
+        for g0 in (0..n_groups).step_by(64) {
+            let n = (n_groups - g0).min(64);
+            scales_f32(st, scales, g0, &mut buf[..n]);
+            for &sg in &buf[..n] {
+                let sv = _mm256_set1_ps(sg);
+                let end = (p + pairs_per_group).min(pairs);
+                while p + 2 <= end {
+                    prefetch(pw.add(p * 32 + PREFETCH));
+                    let a = i4_q8_pair(pw.add(p * 32), pq.add(p * 64), pc.add(p * 8), m0f, ones);
+                    let b = i4_q8_pair(
+                        pw.add(p * 32 + 32),
+                        pq.add(p * 64 + 64),
+                        pc.add(p * 8 + 8),
+                        m0f,
+                        ones,
+                    );
+                    acc0 =
+                        _mm256_fmadd_ps(a, _mm256_mul_ps(_mm256_loadu_ps(pd.add(p * 8)), sv), acc0);
+                    acc1 = _mm256_fmadd_ps(
+                        b,
+                        _mm256_mul_ps(_mm256_loadu_ps(pd.add(p * 8 + 8)), sv),
+                        acc1,
+                    );
+                    p += 2;
+                }
+                if p < end {
+                    let a = i4_q8_pair(pw.add(p * 32), pq.add(p * 64), pc.add(p * 8), m0f, ones);
+                    acc0 =
+                        _mm256_fmadd_ps(a, _mm256_mul_ps(_mm256_loadu_ps(pd.add(p * 8)), sv), acc0);
+                    p += 1;
+                }
             }
-        } else {
-            let (sa, sb) = (scale(st, scales, 2 * p), scale(st, scales, 2 * p + 1));
-            sv = _mm256_set_m128(_mm_set1_ps(sb), _mm_set1_ps(sa));
         }
-        let f = _mm256_mul_ps(_mm256_loadu_ps(pd.add(p * 8)), sv);
-        if p & 1 == 0 {
-            acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), f, acc0);
-        } else {
-            acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), f, acc1);
+    } else {
+        // 32-wide groups: each block of a pair has its own scale.
+        for p in 0..pairs {
+            prefetch(pw.add(p * 32 + PREFETCH));
+            let a = i4_q8_pair(pw.add(p * 32), pq.add(p * 64), pc.add(p * 8), m0f, ones);
+            let (sa, sb) = (
+                scale(st, scales, 2 * p * QBLOCK / g),
+                scale(st, scales, (2 * p + 1) * QBLOCK / g),
+            );
+            let sv = _mm256_set_m128(_mm_set1_ps(sb), _mm_set1_ps(sa));
+            acc0 = _mm256_fmadd_ps(a, _mm256_mul_ps(_mm256_loadu_ps(pd.add(p * 8)), sv), acc0);
         }
     }
     hsum(_mm256_add_ps(acc0, acc1)) + scalar::dot_q8_blocks(format, w, scales, q, cols, 2 * pairs)

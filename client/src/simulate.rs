@@ -25,7 +25,7 @@ pub struct SimulateArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "lru,lfu,lfu-admit,lrfu,arc,pinned-lru,pinned-lfu-admit"
+        default_value = "lru,lfu,lfu-admit,lrfu,arc,pinned-lrfu,pinned-lfu-admit"
     )]
     pub policies: Vec<String>,
     /// Share of the capacity given to pins by pinned policies.
@@ -65,6 +65,8 @@ pub fn simulate_cmd(a: SimulateArgs) -> anyhow::Result<()> {
         layers.dedup();
         layers.len() * trace.n_experts
     };
+    // Expert requests per decode token, LRFU's unit of time.
+    let per_token = (total_experts / trace.n_experts.max(1)) * trace.top_k;
     let mut caps = Vec::new();
     for c in &a.capacity {
         let n = match c.strip_suffix('%') {
@@ -87,7 +89,7 @@ pub fn simulate_cmd(a: SimulateArgs) -> anyhow::Result<()> {
         let opt = belady(&trace, cap);
         let opt_misses = opt.misses().max(1) as f64;
         for name in &a.policies {
-            let mut p = policy::build(name, cap, warm.as_deref(), a.pin_share)?;
+            let mut p = policy::build(name, cap, warm.as_deref(), a.pin_share, per_token)?;
             if let Some(counts) = &warm {
                 preload(p.as_mut(), counts);
             }

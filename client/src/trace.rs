@@ -10,9 +10,10 @@ use crate::Global;
 use anyhow::Context;
 use clap::Args;
 use colibri_engine::arch::Ffn;
+use colibri_engine::experts::hooks::RouteSource;
 use colibri_engine::experts::sim::belady;
 use colibri_engine::experts::stream::{self, StreamOptions};
-use colibri_engine::experts::trace::Recorder;
+use colibri_engine::experts::trace::{Recorder, ZipfRouting};
 use colibri_engine::experts::{policy, RoutingObserver, StoreStats, Trace};
 use colibri_engine::{GenerateRequest, Generation, LogitsWanted, SamplingParams, SeqStep};
 use std::path::PathBuf;
@@ -51,6 +52,13 @@ pub struct TraceArgs {
     pub stream: bool,
     #[command(flatten)]
     pub cache: CacheArgs,
+    /// Benchmarks only (changes outputs): replace the router's choices by Zipf-like routing
+    /// "S,STICKINESS[,SEED]" (exponent over each layer's expert ranks, chance a slot keeps
+    /// the previous token's expert; the seed changes the draws, not which experts are
+    /// popular), e.g. 0.6,0.3. For random-weight models, whose own routing
+    /// is degenerate. Turn prefetch off with it: the router's prediction no longer applies.
+    #[arg(long, value_name = "S,STICKINESS[,SEED]")]
+    pub synthetic_routing: Option<String>,
     /// Print the statistics as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -63,7 +71,8 @@ pub struct CacheArgs {
     /// resident part minus a safety margin; see `coli plan`].
     #[arg(long, value_name = "MB")]
     pub expert_cache: Option<u64>,
-    /// Replacement policy: lru, lfu, lfu-admit, lrfu[:HALF_LIFE], arc, or pinned-<policy>.
+    /// Replacement policy: lru, lfu, lfu-admit, lrfu[:HALF_LIFE_TOKENS], arc, or
+    /// pinned-<policy>.
     #[arg(long, default_value = policy::DEFAULT_POLICY)]
     pub policy: String,
     /// Share of the cache given to pins by a pinned policy.
@@ -134,11 +143,29 @@ pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
         expert_bytes,
     )));
     let obs: Arc<dyn RoutingObserver> = rec.clone();
+    let source: Option<Arc<dyn RouteSource>> = match &a.synthetic_routing {
+        Some(spec) => {
+            let v: Vec<f64> = spec
+                .split(',')
+                .map(|x| x.trim().parse::<f64>())
+                .collect::<Result<_, _>>()
+                .with_context(|| format!("--synthetic-routing '{spec}'"))?;
+            let [s, stick] = v[..] else {
+                anyhow::bail!("--synthetic-routing wants S,STICKINESS, got '{spec}'");
+            };
+            eprintln!("note: synthetic routing (zipf s={s}, stickiness={stick}): outputs are not the model's");
+            Some(Arc::new(ZipfRouting::new(
+                n_layers, n_experts, top_k, s, stick, 1,
+            )))
+        }
+        None => None,
+    };
     for (li, l) in model.net.layers.iter_mut().enumerate() {
         if let Ffn::Moe(m) = &mut l.ffn {
             m.hooks.layer = li;
             m.hooks.observer = Some(obs.clone());
             m.hooks.top_p = a.cache.expert_topp;
+            m.hooks.route_source = source.clone();
         }
     }
 
@@ -166,6 +193,7 @@ pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
     let (mut prefill_s, mut decode_s, mut decoded) = (0.0f64, 0.0f64, 0usize);
     let mut stats_after_prefill = None;
     let mut stats_after_first = None;
+    let mut prefill_steps = 0;
     while g.finished().is_none() {
         let (tokens, want) = g.next_input(a.prefill_chunk);
         let tokens = tokens.to_vec();
@@ -183,6 +211,7 @@ pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
         let dt = t.elapsed().as_secs_f64();
         if prefill {
             prefill_s += dt;
+            prefill_steps += 1;
             if g.prompt_pending() == 0 {
                 stats_after_prefill = streaming.as_ref().map(|s| s.stats());
             }
@@ -210,6 +239,7 @@ pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
         "decode_tokens_per_second": decoded as f64 / decode_s.max(1e-9),
         "peak_rss_bytes": rss,
         "expert_top_p": a.cache.expert_topp,
+        "synthetic_routing": a.synthetic_routing,
     });
     if let Some(s) = &streaming {
         let st = s.stats();
@@ -217,17 +247,16 @@ pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
         let pre = stats_after_prefill.unwrap_or_default();
         let d_req = st.requests - pre.requests;
         let d_bytes = st.bytes_read - pre.bytes_read;
-        let decode_trace = Trace {
-            steps: trace
-                .steps
-                .iter()
-                .skip_while(|x| x.rows > 1)
-                .cloned()
-                .collect(),
-            ..trace.clone()
-        };
+        // Belady over the whole run (prefill included, as the live cache saw it), counting
+        // the decode steps' misses.
         let opt = belady(&trace, st.capacity_experts);
-        let opt_decode = belady(&decode_trace, st.capacity_experts);
+        let (mut o_req, mut o_hit) = (0u64, 0u64);
+        for (step, &(rows, req, hit)) in trace.steps.iter().zip(&opt.per_step).skip(prefill_steps) {
+            debug_assert_eq!(step.rows, rows);
+            o_req += req as u64;
+            o_hit += hit as u64;
+        }
+        let opt_decode_bytes = (o_req - o_hit) * trace.expert_bytes;
         report["store"] = serde_json::to_value(&st)?;
         report["plan"] = serde_json::json!({
             "resident_bytes": s.plan.model.resident,
@@ -239,8 +268,8 @@ pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
             "requests": d_req,
             "hit_rate": hit_rate_between(&pre, &st),
             "bytes_read_per_token": d_bytes as f64 / decoded.max(1) as f64,
-            "belady_bytes_per_token": opt_decode.bytes_per_token(),
-            "belady_hit_rate": opt_decode.hit_rate(),
+            "belady_bytes_per_token": opt_decode_bytes as f64 / decoded.max(1) as f64,
+            "belady_hit_rate": o_hit as f64 / o_req.max(1) as f64,
             "first_32_tokens_hit_rate": stats_after_first.as_ref().map(|f| hit_rate_between(&pre, f)),
             "after_32_tokens_hit_rate": stats_after_first.as_ref().map(|f| hit_rate_between(f, &st)),
         });

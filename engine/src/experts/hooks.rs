@@ -14,6 +14,14 @@ pub trait RoutingObserver: Send + Sync {
     fn observe(&self, layer: usize, routes: &[Route]);
 }
 
+/// Replaces the router's choices (benchmarks only: it changes outputs). A random-weight
+/// model routes degenerately (deep layers pick the same experts for every token), which
+/// would make any cache look perfect; a [`super::trace::ZipfRouting`] gives it realistic
+/// traffic over its real expert files.
+pub trait RouteSource: Send + Sync {
+    fn reroute(&self, layer: usize, routes: &mut [Route]);
+}
+
 #[derive(Clone, Default)]
 pub struct MoeHooks {
     /// The model layer index of this block (set by whoever installs hooks).
@@ -26,6 +34,8 @@ pub struct MoeHooks {
     pub stream: Option<Arc<Streaming>>,
     /// Predicts the next MoE layer's experts from this layer's post-attention state.
     pub predictor: Option<Arc<Predictor>>,
+    /// Benchmarks only: routes come from here instead of the router (changes outputs).
+    pub route_source: Option<Arc<dyn RouteSource>>,
 }
 
 impl std::fmt::Debug for MoeHooks {
@@ -36,6 +46,7 @@ impl std::fmt::Debug for MoeHooks {
             .field("top_p", &self.top_p)
             .field("stream", &self.stream.is_some())
             .field("predictor", &self.predictor.as_ref().map(|p| p.layer))
+            .field("route_source", &self.route_source.is_some())
             .finish()
     }
 }
@@ -43,6 +54,9 @@ impl std::fmt::Debug for MoeHooks {
 impl MoeHooks {
     /// Called with the step's routes before the experts run.
     pub fn routed(&self, routes: &mut [Route]) {
+        if let Some(src) = &self.route_source {
+            src.reroute(self.layer, routes);
+        }
         if let Some(p) = self.top_p {
             for r in routes.iter_mut() {
                 prune_top_p(r, p);

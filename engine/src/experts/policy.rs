@@ -251,6 +251,8 @@ impl Ord for Score {
 /// `s = log2(crf(t_last)) + t_last / half_life` orders keys as `crf(now)` does for every
 /// `now`, because all keys decay at the same rate.
 pub struct Lrfu {
+    /// The name as built (half-life in tokens).
+    label: String,
     cap: usize,
     half_life: f64,
     tick: u64,
@@ -262,6 +264,7 @@ pub struct Lrfu {
 impl Lrfu {
     pub fn new(cap: usize, half_life: f64) -> Lrfu {
         Lrfu {
+            label: format!("lrfu:{half_life}/access"),
             cap,
             half_life: half_life.max(1e-9),
             tick: 0,
@@ -286,7 +289,7 @@ impl Lrfu {
 
 impl Policy for Lrfu {
     fn name(&self) -> String {
-        format!("lrfu:{}", self.half_life)
+        self.label.clone()
     }
     fn capacity(&self) -> usize {
         self.cap
@@ -493,35 +496,39 @@ impl Policy for Pinned {
     }
 }
 
-/// The policy names [`build`] accepts (`lrfu` takes an optional `:HALF_LIFE` in accesses;
+/// The policy names [`build`] accepts (`lrfu` takes an optional `:HALF_LIFE` in tokens;
 /// any of them may be prefixed with `pinned-`).
 pub const POLICY_NAMES: &[&str] = &["lru", "lfu", "lfu-admit", "lrfu", "arc"];
 
 /// The policy the store uses unless told otherwise, chosen from the measurements in
-/// docs/STREAMING.md.
-pub const DEFAULT_POLICY: &str = "lfu-admit";
+/// docs/STREAMING.md: best or near-best wherever routing has temporal locality.
+pub const DEFAULT_POLICY: &str = "lrfu";
 
-/// Default LRFU half-life in accesses.
-pub const DEFAULT_LRFU_HALF_LIFE: f64 = 4096.0;
+/// Default LRFU half-life, in tokens.
+pub const DEFAULT_LRFU_HALF_LIFE_TOKENS: f64 = 4.0;
 
 /// Builds a policy from its name. `counts` (a usage histogram of earlier runs) seeds the
 /// frequency policies and chooses the pins of a `pinned-` policy, which gets
-/// `pin_share × capacity` of them.
+/// `pin_share × capacity` of them. `requests_per_token` (MoE layers × top-k) turns LRFU's
+/// half-life in tokens (`lrfu:TOKENS`) into accesses.
 pub fn build(
     spec: &str,
     capacity: usize,
     counts: Option<&[(Key, u64)]>,
     pin_share: f64,
+    requests_per_token: usize,
 ) -> Result<Box<dyn Policy>> {
     if let Some(rest) = spec.strip_prefix("pinned-") {
         let n = ((capacity as f64) * pin_share.clamp(0.0, 1.0)).floor() as usize;
         let pins = hottest(counts.unwrap_or(&[]), n);
         let mut err = None;
-        let p = Pinned::new(capacity, &pins, |cap| match build(rest, cap, counts, 0.0) {
-            Ok(p) => p,
-            Err(e) => {
-                err = Some(e);
-                Box::new(Lru::new(cap))
+        let p = Pinned::new(capacity, &pins, |cap| {
+            match build(rest, cap, counts, 0.0, requests_per_token) {
+                Ok(p) => p,
+                Err(e) => {
+                    err = Some(e);
+                    Box::new(Lru::new(cap))
+                }
             }
         });
         return match err {
@@ -564,19 +571,20 @@ pub fn build(
             Box::new(ArcCache::new(capacity))
         }
         "lrfu" => {
-            let h = match param {
-                None => DEFAULT_LRFU_HALF_LIFE,
+            let tokens = match param {
+                None => DEFAULT_LRFU_HALF_LIFE_TOKENS,
                 Some(p) => match p.parse::<f64>() {
                     Ok(h) if h > 0.0 && h.is_finite() => h,
                     _ => {
                         return Err(Error::invalid(
                             "policy",
-                            format!("lrfu half-life '{p}' is not a positive number"),
+                            format!("lrfu half-life '{p}' is not a positive number of tokens"),
                         ))
                     }
                 },
             };
-            let mut p = Lrfu::new(capacity, h);
+            let mut p = Lrfu::new(capacity, tokens * requests_per_token.max(1) as f64);
+            p.label = format!("lrfu:{tokens}");
             if let Some(c) = counts {
                 // Seeded counts are old uses: a plain count, not ordered in time.
                 for &(k, n) in c {
@@ -736,7 +744,7 @@ mod tests {
     #[test]
     fn capacity_zero_keeps_nothing() {
         for name in ["lru", "lfu", "lfu-admit", "lrfu", "arc", "pinned-lru"] {
-            let mut p = build(name, 0, None, 0.5).unwrap();
+            let mut p = build(name, 0, None, 0.5, 1).unwrap();
             let (s, ev) = run(p.as_mut(), &[1, 1, 2, 1]);
             assert_eq!(s, "mmmm", "{name}");
             assert!(ev.is_empty() && p.is_empty(), "{name}");
@@ -765,7 +773,7 @@ mod tests {
             "pinned-lfu-admit",
         ] {
             for cap in [1, 5, 17] {
-                let mut p = build(name, cap, Some(&counts), 0.5).unwrap();
+                let mut p = build(name, cap, Some(&counts), 0.5, 1).unwrap();
                 let mut resident: HashSet<Key> = HashSet::new();
                 for &e in &seq {
                     let mut ev = Vec::new();
@@ -786,13 +794,13 @@ mod tests {
 
     #[test]
     fn build_rejects_unknown_and_bad_parameters() {
-        assert!(build("mru", 4, None, 0.0).is_err());
-        assert!(build("lrfu:-1", 4, None, 0.0).is_err());
-        assert!(build("lru:3", 4, None, 0.0).is_err());
-        assert!(build("pinned-nope", 4, None, 0.5).is_err());
-        assert_eq!(build("lrfu:50", 4, None, 0.0).unwrap().name(), "lrfu:50");
+        assert!(build("mru", 4, None, 0.0, 1).is_err());
+        assert!(build("lrfu:-1", 4, None, 0.0, 1).is_err());
+        assert!(build("lru:3", 4, None, 0.0, 1).is_err());
+        assert!(build("pinned-nope", 4, None, 0.5, 1).is_err());
+        assert_eq!(build("lrfu:50", 4, None, 0.0, 1).unwrap().name(), "lrfu:50");
         assert_eq!(
-            build("pinned-arc", 4, None, 0.5).unwrap().name(),
+            build("pinned-arc", 4, None, 0.5, 1).unwrap().name(),
             "pinned-arc"
         );
     }

@@ -249,7 +249,7 @@ mod tests {
         for cap in [8, 32, 64] {
             let b = belady(&t, cap);
             for name in ["lru", "lfu", "lfu-admit", "lrfu", "arc"] {
-                let r = simulate(&t, build(name, cap, None, 0.0).unwrap().as_mut());
+                let r = simulate(&t, build(name, cap, None, 0.0, 16).unwrap().as_mut());
                 assert!(
                     r.misses() >= b.misses(),
                     "{name} at {cap}: {} < {}",

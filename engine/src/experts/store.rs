@@ -67,6 +67,9 @@ pub struct StoreConfig {
     pub readers: usize,
     /// O_DIRECT (F_NOCACHE on macOS) when the file system allows it; else buffered.
     pub direct: bool,
+    /// Expert requests one decode token makes (MoE layers × top-k): the unit of LRFU's
+    /// half-life.
+    pub requests_per_token: usize,
 }
 
 impl Default for StoreConfig {
@@ -77,6 +80,7 @@ impl Default for StoreConfig {
             pin_share: 0.5,
             readers: 4,
             direct: true,
+            requests_per_token: 1,
         }
     }
 }
@@ -522,7 +526,13 @@ impl ExpertStore {
         }
         let capacity = cfg.budget_bytes.checked_div(expert_bytes).unwrap_or(0) as usize;
         let counts = hist.nonzero();
-        let policy = policy::build(&cfg.policy, capacity, Some(&counts), cfg.pin_share)?;
+        let policy = policy::build(
+            &cfg.policy,
+            capacity,
+            Some(&counts),
+            cfg.pin_share,
+            cfg.requests_per_token,
+        )?;
         let policy_name = policy.name();
         let readers = cfg.readers.max(1);
         let shared = Arc::new(Shared {
@@ -1197,6 +1207,7 @@ mod tests {
             pin_share: 0.5,
             readers,
             direct,
+            requests_per_token: 1,
         }
     }
 

@@ -313,12 +313,14 @@ pub fn enable_with_plan(
     let mut index = HashMap::new();
     let mut specs: Vec<Vec<ExpertSpec>> = Vec::with_capacity(net.layers.len());
     let mut n_experts = 0;
+    let mut per_token = 0;
     let mut moe_layers = Vec::new();
     for (li, l) in net.layers.iter().enumerate() {
         let row = match &l.ffn {
             Ffn::Moe(m) => {
                 moe_layers.push(li);
                 n_experts = n_experts.max(m.experts.len());
+                per_token += m.top_k;
                 m.experts
                     .iter()
                     .enumerate()
@@ -367,6 +369,7 @@ pub fn enable_with_plan(
         pin_share: opts.pin_share,
         readers: opts.readers,
         direct: opts.direct,
+        requests_per_token: per_token,
     };
     let store = ExpertStore::new(&files, &specs, &cfg, hist.clone())?;
     warnings.extend(store.stats().notes);

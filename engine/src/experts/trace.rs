@@ -211,10 +211,8 @@ impl Trace {
         super::hist::write_atomic(path, &bytes)
     }
 
-    /// A synthetic trace: `tokens` decode steps whose routing follows a Zipf-like popularity
-    /// per layer (exponent `s`; each layer ranks its experts in its own random order) with
-    /// `stickiness` the chance that a token reuses the previous token's expert in a slot.
-    /// For policy studies when no model trace is at hand.
+    /// A synthetic trace of `tokens` decode steps drawn from [`ZipfRouting`]. For policy
+    /// studies when no model trace is at hand.
     pub fn synthetic(
         n_layers: usize,
         n_experts: usize,
@@ -224,14 +222,57 @@ impl Trace {
         stickiness: f64,
         seed: u64,
     ) -> Trace {
+        let z = ZipfRouting::new(n_layers, n_experts, top_k, s, stickiness, seed);
+        let mut t = Trace::new(
+            format!("synthetic zipf s={s} stickiness={stickiness} seed={seed}"),
+            n_layers,
+            n_experts,
+            top_k,
+            0,
+        );
+        for _ in 0..tokens {
+            let layers = (0..n_layers)
+                .map(|l| LayerRoutes {
+                    layer: l,
+                    experts: vec![z.next(l)],
+                    weights: Vec::new(),
+                })
+                .collect();
+            t.steps.push(TraceStep { rows: 1, layers });
+        }
+        t
+    }
+}
+
+/// Synthetic routing: each layer ranks its experts in its own random order and draws a
+/// token's `top_k` distinct experts from a Zipf law of exponent `s` over the ranks; with
+/// probability `stickiness` a slot keeps the previous token's expert (the temporal locality
+/// real routers show). Used for policy studies and, through [`super::hooks::RouteSource`],
+/// to give a random-weight model realistic routing in benchmarks.
+pub struct ZipfRouting {
+    top_k: usize,
+    stickiness: f64,
+    perms: Vec<Vec<u32>>,
+    cdf: Vec<f64>,
+    state: Mutex<(crate::sample::Xoshiro256, Vec<Vec<u32>>)>,
+}
+
+impl ZipfRouting {
+    pub fn new(
+        n_layers: usize,
+        n_experts: usize,
+        top_k: usize,
+        s: f64,
+        stickiness: f64,
+        seed: u64,
+    ) -> ZipfRouting {
         let mut rng = crate::sample::Xoshiro256::seed_from_u64(seed);
-        let mut uniform = move || rng.next_f64();
         // Per layer: a random permutation mapping popularity rank -> expert.
         let perms: Vec<Vec<u32>> = (0..n_layers)
             .map(|_| {
                 let mut p: Vec<u32> = (0..n_experts as u32).collect();
                 for i in (1..p.len()).rev() {
-                    let j = (uniform() * (i + 1) as f64) as usize;
+                    let j = (rng.next_f64() * (i + 1) as f64) as usize;
                     p.swap(i, j.min(i));
                 }
                 p
@@ -246,45 +287,63 @@ impl Trace {
                 Some(*acc)
             })
             .collect();
-        let mut t = Trace::new(
-            format!("synthetic zipf s={s} stickiness={stickiness} seed={seed}"),
-            n_layers,
-            n_experts,
-            top_k,
-            0,
-        );
-        let mut prev: Vec<Vec<u32>> = vec![Vec::new(); n_layers];
-        for _ in 0..tokens {
-            let mut layers = Vec::with_capacity(n_layers);
-            for (l, perm) in perms.iter().enumerate() {
-                let mut chosen: Vec<u32> = Vec::with_capacity(top_k);
-                for slot in 0..top_k {
-                    if let Some(&p) = prev[l].get(slot) {
-                        if uniform() < stickiness && !chosen.contains(&p) {
-                            chosen.push(p);
-                            continue;
-                        }
-                    }
-                    loop {
-                        let u = uniform();
-                        let r = cdf.partition_point(|&c| c < u).min(n_experts - 1);
-                        let e = perm[r];
-                        if !chosen.contains(&e) {
-                            chosen.push(e);
-                            break;
-                        }
-                    }
-                }
-                prev[l] = chosen.clone();
-                layers.push(LayerRoutes {
-                    layer: l,
-                    experts: vec![chosen],
-                    weights: Vec::new(),
-                });
-            }
-            t.steps.push(TraceStep { rows: 1, layers });
+        ZipfRouting {
+            top_k: top_k.min(n_experts),
+            stickiness,
+            perms,
+            cdf,
+            state: Mutex::new((rng, vec![Vec::new(); n_layers])),
         }
-        t
+    }
+
+    /// Draws tokens from a fresh random stream `seed`, keeping the experts' ranking: another
+    /// run of the same "model".
+    pub fn with_draw_seed(self, seed: u64) -> ZipfRouting {
+        let n = self.perms.len();
+        ZipfRouting {
+            state: Mutex::new((
+                crate::sample::Xoshiro256::seed_from_u64(seed ^ 0x5eed),
+                vec![Vec::new(); n],
+            )),
+            ..self
+        }
+    }
+
+    /// The next token's experts at `layer` (a layer outside the shape gets layer 0's law).
+    pub fn next(&self, layer: usize) -> Vec<u32> {
+        let l = if layer < self.perms.len() { layer } else { 0 };
+        let perm = &self.perms[l];
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (rng, prev) = &mut *st;
+        let mut chosen: Vec<u32> = Vec::with_capacity(self.top_k);
+        for slot in 0..self.top_k {
+            if let Some(&p) = prev[l].get(slot) {
+                if rng.next_f64() < self.stickiness && !chosen.contains(&p) {
+                    chosen.push(p);
+                    continue;
+                }
+            }
+            loop {
+                let u = rng.next_f64();
+                let r = self.cdf.partition_point(|&c| c < u).min(perm.len() - 1);
+                let e = perm[r];
+                if !chosen.contains(&e) {
+                    chosen.push(e);
+                    break;
+                }
+            }
+        }
+        prev[l] = chosen.clone();
+        chosen
+    }
+}
+
+impl super::hooks::RouteSource for ZipfRouting {
+    fn reroute(&self, layer: usize, routes: &mut [Route]) {
+        for r in routes.iter_mut() {
+            r.experts = self.next(layer).into_iter().map(|e| e as usize).collect();
+            r.weights.resize(r.experts.len(), 0.0);
+        }
     }
 }
 

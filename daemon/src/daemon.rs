@@ -5,6 +5,7 @@ use crate::convert::{self, status_from_engine};
 use crate::scheduler::{Engine, EngineConfig, EngineShared, Job};
 use crate::snapshot::{self, SnapshotError};
 use crate::state::{self, StateDir};
+use colibri_engine::experts::stream::{self, StreamOptions, Streaming};
 use colibri_engine::Model;
 use colibri_proto::v1 as pb;
 use std::collections::HashMap;
@@ -24,6 +25,11 @@ pub struct Config {
     pub engine: EngineConfig,
     /// Requests that may wait for a place in the batch, beyond `engine.max_batch`.
     pub queue: usize,
+    /// Serve routed experts from the budgeted expert cache (ExpertStore) instead of the
+    /// memory map, for every model; a LoadModel with `expert_cache_bytes` streams too.
+    pub stream: bool,
+    /// Expert cache budget in bytes; None = the memory plan's default.
+    pub expert_cache: Option<u64>,
 }
 
 /// A loaded model: its weights (shared read-only with handlers for tokenization) and the
@@ -36,6 +42,8 @@ pub struct ModelHandle {
     pub loaded_at: Instant,
     /// Routed experts per layer (0 for a dense layer), for validating pins.
     pub experts_per_layer: Vec<usize>,
+    /// The expert cache, when the model's experts are streamed.
+    pub streaming: Option<Arc<Streaming>>,
     jobs: std::sync::mpsc::Sender<Job>,
     capacity: usize,
 }
@@ -187,7 +195,13 @@ impl Daemon {
     }
 
     /// Starts loading `dir` (or joins a load in progress, or finds it loaded).
-    pub fn load(self: &Arc<Self>, dir: &str) -> Result<watch::Receiver<LoadState>, Status> {
+    /// `expert_cache_bytes` asks for streamed experts with that budget (the daemon's
+    /// `--stream`/`--expert-cache` otherwise decide); it only matters for the first load.
+    pub fn load(
+        self: &Arc<Self>,
+        dir: &str,
+        expert_cache_bytes: Option<u64>,
+    ) -> Result<watch::Receiver<LoadState>, Status> {
         let id = Self::canonical(dir)?;
         let mut models = self.models.lock().expect("models lock");
         match models.get(&id) {
@@ -205,7 +219,7 @@ impl Daemon {
             .unwrap_or_default();
         let spawned = std::thread::Builder::new()
             .name(format!("engine-{name}"))
-            .spawn(move || daemon.engine_thread(id, tx));
+            .spawn(move || daemon.engine_thread(id, tx, expert_cache_bytes));
         if let Err(e) = spawned {
             return Err(Status::internal(format!(
                 "cannot start an engine thread: {e}"
@@ -215,10 +229,32 @@ impl Daemon {
     }
 
     /// Body of a model's thread: load, register, then run the scheduler until unloaded.
-    fn engine_thread(self: Arc<Self>, id: String, tx: watch::Sender<LoadState>) {
+    fn engine_thread(
+        self: Arc<Self>,
+        id: String,
+        tx: watch::Sender<LoadState>,
+        expert_cache_bytes: Option<u64>,
+    ) {
         let t = Instant::now();
-        let model = match Model::load(Path::new(&id)) {
-            Ok(m) => Arc::new(m),
+        let loaded = Model::load(Path::new(&id)).and_then(|mut m| {
+            let streaming = if self.cfg.stream || expert_cache_bytes.is_some() {
+                let opts = StreamOptions {
+                    budget: expert_cache_bytes.or(self.cfg.expert_cache),
+                    state_dir: Some(self.state.root.clone()),
+                    ..Default::default()
+                };
+                let s = stream::enable(&mut m, &opts)?;
+                for w in &s.warnings {
+                    tracing::warn!("{id}: {w}");
+                }
+                Some(s)
+            } else {
+                None
+            };
+            Ok((m, streaming))
+        });
+        let (model, streaming) = match loaded {
+            Ok((m, s)) => (Arc::new(m), s),
             Err(e) => {
                 tracing::warn!("loading {id} failed: {e}");
                 self.models.lock().expect("models lock").remove(&id);
@@ -244,6 +280,7 @@ impl Daemon {
             shared: Arc::clone(&shared),
             loaded_at: Instant::now(),
             experts_per_layer,
+            streaming,
             jobs,
             capacity: self.cfg.engine.max_batch.max(1) + self.cfg.queue,
         });
@@ -484,14 +521,30 @@ impl Daemon {
             steps: p.steps,
             tokens_generated: p.tokens_generated,
             tokens_prefilled: p.tokens_prefilled,
-            expert_cache: Some(pb::ExpertCacheStats {
-                pinned_experts: pinned,
-                total_experts: h.experts_per_layer.iter().sum::<usize>() as u32,
-                ..Default::default()
-            }),
+            expert_cache: Some(expert_cache_stats(h, pinned)),
             keep_alive_seconds: self.cfg.keep_alive.map(|d| d.as_secs_f64()).unwrap_or(0.0),
         }
     }
+}
+
+/// The expert cache's counters (zeros but the totals when experts are not streamed).
+fn expert_cache_stats(h: &ModelHandle, pinned: u32) -> pb::ExpertCacheStats {
+    let mut c = pb::ExpertCacheStats {
+        pinned_experts: pinned,
+        total_experts: h.experts_per_layer.iter().sum::<usize>() as u32,
+        ..Default::default()
+    };
+    if let Some(s) = &h.streaming {
+        let st = s.stats();
+        c.budget_bytes = st.budget_bytes;
+        c.used_bytes = st.resident_bytes;
+        c.hits = st.hits + st.inflight_hits;
+        c.misses = st.misses;
+        c.hit_rate = st.hit_rate();
+        c.bytes_read = st.bytes_read;
+        c.resident_experts = st.resident_experts as u32;
+    }
+    c
 }
 
 /// Memory figures of this process and machine (zeros where the platform does not say).

@@ -974,6 +974,15 @@ impl Engine {
                 saved += 1;
             }
         }
+        // The usage history feeds the next start's preload and pins.
+        if let Some(s) = colibri_engine::experts::stream::streaming_of(&self.model.net) {
+            if let Err(e) = s.save_histogram() {
+                tracing::error!(
+                    "model {}: cannot save the expert usage history: {e}",
+                    self.id
+                );
+            }
+        }
         let pins: Vec<(u32, u32)> = self
             .shared
             .pins

@@ -44,6 +44,13 @@ pub struct Args {
     /// Prompt tokens fed per step when nothing else is decoding.
     #[arg(long, default_value_t = 512)]
     pub solo_prefill_chunk: usize,
+    /// Serve routed experts from the budgeted expert cache (read from disk on demand,
+    /// prefetched, usage remembered across starts) instead of the memory map.
+    #[arg(long)]
+    pub stream: bool,
+    /// Expert cache budget in MiB (implies --stream) [default: the memory plan's].
+    #[arg(long, value_name = "MIB")]
+    pub expert_cache: Option<u64>,
     /// Snapshot a session to disk after it has been idle this many seconds.
     #[arg(long, default_value_t = 30.0)]
     pub session_save_after: f64,
@@ -91,6 +98,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             session_save_after: Duration::from_secs_f64(args.session_save_after.max(0.0)),
         },
         queue: args.queue,
+        stream: args.stream || args.expert_cache.is_some(),
+        expert_cache: args.expert_cache.map(|mib| mib << 20),
     };
     let daemon = Daemon::new(cfg, state);
     // Read every snapshot's header once: damaged ones are reported and set aside now.

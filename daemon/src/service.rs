@@ -135,7 +135,7 @@ impl Colibri for Service {
         req: Request<pb::LoadModelRequest>,
     ) -> Result<Response<Self::LoadModelStream>, Status> {
         let req = req.into_inner();
-        let mut rx = self.daemon.load(&req.model)?;
+        let mut rx = self.daemon.load(&req.model, req.expert_cache_bytes)?;
         let (tx, out) = mpsc::channel(8);
         tokio::spawn(async move {
             let mut already = true;
@@ -419,7 +419,7 @@ impl Colibri for Service {
         let h = match self.daemon.resolve(&owner).await {
             Ok(h) => h,
             Err(e) if e.code() == tonic::Code::NotFound && req.load_model => {
-                Daemon::wait_loaded(self.daemon.load(&owner)?).await?
+                Daemon::wait_loaded(self.daemon.load(&owner, None)?).await?
             }
             Err(e) => {
                 return Err(Status::new(

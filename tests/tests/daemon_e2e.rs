@@ -872,3 +872,59 @@ async fn serves_on_a_socket_passed_by_systemd() {
     assert!(status.success());
     assert!(socket.exists(), "the daemon removed systemd's socket file");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_experts_give_the_same_tokens_and_report_cache_statistics() {
+    let p = place();
+    let mut d = start(&p, &[]);
+    let mut c = d.client().await;
+    let r = Reference::load("olmoe");
+    let dir = fixture("olmoe");
+    // A budget far below the experts' size: the cache must evict and re-read.
+    let mut s = c
+        .load_model(pb::LoadModelRequest {
+            model: dir.display().to_string(),
+            expert_cache_bytes: Some(256 << 10),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut id = String::new();
+    while let Some(m) = s.message().await.unwrap() {
+        if let Some(info) = m.info {
+            id = info.id;
+        }
+    }
+    let run = generate(
+        &mut c,
+        greedy(&id, &r.prompt_ids, r.greedy_ids.len() as u32),
+    )
+    .await
+    .unwrap();
+    assert_eq!(run.ids, r.greedy_ids, "streamed experts changed the output");
+    let st = c.status(pb::StatusRequest {}).await.unwrap().into_inner();
+    let cache = st.models[0].expert_cache.unwrap();
+    assert_eq!(cache.budget_bytes, 256 << 10);
+    assert!(cache.misses > 0 && cache.bytes_read > 0, "{cache:?}");
+    assert!(cache.hit_rate > 0.0 && cache.hit_rate < 1.0, "{cache:?}");
+    assert_eq!(cache.total_experts, 16);
+    // The usage history is saved on shutdown, next to the pins.
+    c.shutdown(pb::ShutdownRequest {}).await.unwrap();
+    assert!(d.wait_exit(Duration::from_secs(30)).success());
+    let models = p.state.join("models");
+    let saved: Vec<_> = std::fs::read_dir(&models)
+        .unwrap()
+        .flatten()
+        .flat_map(|m| {
+            std::fs::read_dir(m.path())
+                .unwrap()
+                .flatten()
+                .map(|f| f.file_name())
+        })
+        .collect();
+    assert!(
+        saved.len() >= 2,
+        "expected pins and usage history in {}: {saved:?}",
+        models.display()
+    );
+}

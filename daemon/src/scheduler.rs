@@ -173,6 +173,8 @@ struct GenRow {
     arrived: Instant,
     admitted: Option<Instant>,
     first_token: Option<Instant>,
+    /// Expert cache (served, looked up) counters when the row was admitted.
+    cache_at_admission: (u64, u64),
 }
 
 struct ScoreRow {
@@ -612,6 +614,7 @@ impl Engine {
             arrived: job.arrived,
             admitted: None,
             first_token: None,
+            cache_at_admission: (0, 0),
         })
     }
 
@@ -664,6 +667,7 @@ impl Engine {
             };
             if let Row::Gen(g) = &mut row {
                 g.admitted = Some(Instant::now());
+                g.cache_at_admission = self.cache_counters();
             }
             self.active.push(row);
         }
@@ -866,7 +870,16 @@ impl Engine {
                         time_to_first_token_ms: first.map(|f| ms(f - g.arrived)).unwrap_or(0.0),
                         queue_ms: ms(admitted.saturating_duration_since(g.arrived)),
                         total_ms: ms(now - g.arrived),
-                        expert_cache_hit_rate: 0.0,
+                        // The cache is shared: lookups of rows batched with this one count too.
+                        expert_cache_hit_rate: {
+                            let (h0, l0) = g.cache_at_admission;
+                            let (h1, l1) = self.cache_counters();
+                            if l1 > l0 {
+                                (h1 - h0) as f64 / (l1 - l0) as f64
+                            } else {
+                                0.0
+                            }
+                        },
                     };
                     let _ = g.events.send(Ok(pb::GenerateEvent {
                         event: Some(Event::Finished(Finished {
@@ -899,6 +912,21 @@ impl Engine {
                 s.last_used = now;
                 s.last_used_ms = now_unix_ms();
             }
+        }
+    }
+
+    /// (served without a demand read, looked up) of the model's expert cache; zeros when
+    /// experts are not streamed.
+    fn cache_counters(&self) -> (u64, u64) {
+        match colibri_engine::experts::stream::streaming_of(&self.model.net) {
+            Some(s) => {
+                let st = s.stats();
+                (
+                    st.hits + st.inflight_hits,
+                    st.hits + st.inflight_hits + st.misses,
+                )
+            }
+            None => (0, 0),
         }
     }
 

@@ -902,6 +902,8 @@ async fn streamed_experts_give_the_same_tokens_and_report_cache_statistics() {
     .await
     .unwrap();
     assert_eq!(run.ids, r.greedy_ids, "streamed experts changed the output");
+    let hit = run.stats.unwrap().expert_cache_hit_rate;
+    assert!(hit > 0.0 && hit < 1.0, "per-request hit rate {hit}");
     let st = c.status(pb::StatusRequest {}).await.unwrap().into_inner();
     let cache = st.models[0].expert_cache.unwrap();
     assert_eq!(cache.budget_bytes, 256 << 10);

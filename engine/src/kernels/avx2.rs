@@ -415,6 +415,39 @@ unsafe fn dot_i4_q8(
         for g0 in (0..n_groups).step_by(64) {
             let n = (n_groups - g0).min(64);
             scales_f32(st, scales, g0, &mut buf[..n]);
+            if pairs_per_group == 1 {
+                // 64-wide groups: one pair per group, two groups per iteration.
+                let mut k = 0;
+                while k + 2 <= n {
+                    let p = g0 + k;
+                    prefetch(pw.add(p * 32 + PREFETCH));
+                    let a = i4_q8_pair(pw.add(p * 32), pq.add(p * 64), pc.add(p * 8), m0f, ones);
+                    let b = i4_q8_pair(
+                        pw.add(p * 32 + 32),
+                        pq.add(p * 64 + 64),
+                        pc.add(p * 8 + 8),
+                        m0f,
+                        ones,
+                    );
+                    let (sa, sb) = (_mm256_set1_ps(buf[k]), _mm256_set1_ps(buf[k + 1]));
+                    acc0 =
+                        _mm256_fmadd_ps(a, _mm256_mul_ps(_mm256_loadu_ps(pd.add(p * 8)), sa), acc0);
+                    acc1 = _mm256_fmadd_ps(
+                        b,
+                        _mm256_mul_ps(_mm256_loadu_ps(pd.add(p * 8 + 8)), sb),
+                        acc1,
+                    );
+                    k += 2;
+                }
+                if k < n {
+                    let p = g0 + k;
+                    let a = i4_q8_pair(pw.add(p * 32), pq.add(p * 64), pc.add(p * 8), m0f, ones);
+                    let sa = _mm256_set1_ps(buf[k]);
+                    acc0 =
+                        _mm256_fmadd_ps(a, _mm256_mul_ps(_mm256_loadu_ps(pd.add(p * 8)), sa), acc0);
+                }
+                continue;
+            }
             for &sg in &buf[..n] {
                 let sv = _mm256_set1_ps(sg);
                 let end = (p + pairs_per_group).min(pairs);

@@ -203,14 +203,15 @@ async fn main() {
         .spawn()
         .expect("start colibrid");
     let t = Instant::now();
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "colibrid did not start"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let mut c = colibri_proto::connect::client(&socket).await.unwrap();
+    let mut c = loop {
+        match colibri_proto::connect::client(&socket).await {
+            Ok(c) => break c,
+            Err(_) if t.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(e) => panic!("colibrid did not start: {e}"),
+        }
+    };
     let mut s = c
         .load_model(pb::LoadModelRequest {
             model: model_dir.display().to_string(),

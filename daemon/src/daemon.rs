@@ -549,6 +549,7 @@ fn expert_cache_stats(h: &ModelHandle, pinned: u32) -> pb::ExpertCacheStats {
 
 /// Memory figures of this process and machine (zeros where the platform does not say).
 pub fn memory_stats() -> pb::MemoryStats {
+    #[cfg_attr(not(target_os = "linux"), allow(unused_mut))]
     let mut m = pb::MemoryStats::default();
     #[cfg(target_os = "linux")]
     {

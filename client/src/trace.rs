@@ -150,13 +150,17 @@ pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
                 .map(|x| x.trim().parse::<f64>())
                 .collect::<Result<_, _>>()
                 .with_context(|| format!("--synthetic-routing '{spec}'"))?;
-            let [s, stick] = v[..] else {
-                anyhow::bail!("--synthetic-routing wants S,STICKINESS, got '{spec}'");
+            let (s, stick, seed) = match v[..] {
+                [s, stick] => (s, stick, 1),
+                [s, stick, seed] => (s, stick, seed as u64),
+                _ => anyhow::bail!("--synthetic-routing wants S,STICKINESS[,SEED], got '{spec}'"),
             };
-            eprintln!("note: synthetic routing (zipf s={s}, stickiness={stick}): outputs are not the model's");
-            Some(Arc::new(ZipfRouting::new(
-                n_layers, n_experts, top_k, s, stick, 1,
-            )))
+            eprintln!(
+                "note: synthetic routing (zipf s={s}, stickiness={stick}, seed {seed}): outputs are not the model's"
+            );
+            // The ranking of the experts (the "model") stays; the seed changes the draws.
+            let z = ZipfRouting::new(n_layers, n_experts, top_k, s, stick, 1).with_draw_seed(seed);
+            Some(Arc::new(z))
         }
         None => None,
     };

@@ -5,6 +5,7 @@
 use crate::convert::{self, status_from_engine};
 use crate::daemon::{check_session_id, memory_stats, Daemon, LoadState};
 use crate::scheduler::{GenInput, GenJob, Job, ScoreJob};
+use colibri_engine::experts::Key;
 use colibri_proto::v1 as pb;
 use pb::colibri_server::Colibri;
 use pb::load_model_progress::Stage;
@@ -512,21 +513,10 @@ impl Colibri for Service {
         let req = req.into_inner();
         let h = self.daemon.resolve(&req.model).await?;
         let status = self.daemon.model_status(&h);
-        // Usage counts come from the expert store; until it reports them, the pinned
-        // experts are listed with zero counts.
-        let mut experts: Vec<pb::ExpertUsage> = h
-            .shared
-            .pins
-            .lock()
-            .expect("pins lock")
-            .iter()
-            .map(|&(layer, expert)| pb::ExpertUsage {
-                layer,
-                expert,
-                pinned: true,
-                ..Default::default()
-            })
-            .collect();
+        let pins = h.shared.pins.lock().expect("pins lock").clone();
+        let h2 = Arc::clone(&h);
+        let experts = blocking(move || Ok(expert_usage(&h2, &pins))).await?;
+        let mut experts = experts;
         if req.top > 0 {
             experts.truncate(req.top as usize);
         }
@@ -540,10 +530,10 @@ impl Colibri for Service {
     async fn pin(&self, req: Request<pb::PinRequest>) -> Result<Response<pb::PinResponse>, Status> {
         let req = req.into_inner();
         let h = self.daemon.resolve(&req.model).await?;
-        if req.hottest > 0 {
+        if req.hottest > 0 && h.streaming.is_none() {
             return Err(Status::failed_precondition(
-                "pinning the hottest experts needs usage history, which this build's expert store does not record yet; \
-                 pin experts by (layer, expert)",
+                "pinning the hottest experts needs their usage history, which is recorded when experts are \
+                 streamed (colibrid --stream, or LoadModel with expert_cache_bytes); pin experts by (layer, expert)",
             ));
         }
         for (i, e) in req.experts.iter().enumerate() {
@@ -574,11 +564,30 @@ impl Colibri for Service {
                 _ => {}
             }
         }
+        let mut add: Vec<(u32, u32)> = req.experts.iter().map(|e| (e.layer, e.expert)).collect();
+        if let (Some(s), true) = (&h.streaming, req.hottest > 0) {
+            let mut used = s.store.histogram().nonzero();
+            used.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+            add.extend(
+                used.iter()
+                    .take(req.hottest as usize)
+                    .map(|(k, _)| (k.layer, k.expert)),
+            );
+        }
         let pinned = {
             let mut pins = h.shared.pins.lock().expect("pins lock");
-            pins.extend(req.experts.iter().map(|e| (e.layer, e.expert)));
+            pins.extend(add.iter().copied());
             pins.iter().copied().collect::<Vec<_>>()
         };
+        // Read the pinned experts into the cache now (background reads behind demand ones);
+        // the saved pins are preloaded at the next start too.
+        if let Some(s) = &h.streaming {
+            let keys: Vec<Key> = add
+                .iter()
+                .map(|&(l, e)| Key::new(l as usize, e as usize))
+                .collect();
+            s.store.preload(&keys);
+        }
         self.save_pins(&h.id, pinned.clone()).await;
         Ok(Response::new(pin_response(&pinned)))
     }
@@ -622,6 +631,42 @@ impl Service {
             tracing::error!("cannot save pins: {e}");
         }
     }
+}
+
+/// Per-expert usage (from the expert cache's usage history when experts are streamed), most
+/// used first, then the pinned experts that were never used.
+fn expert_usage(
+    h: &crate::daemon::ModelHandle,
+    pins: &std::collections::BTreeSet<(u32, u32)>,
+) -> Vec<pb::ExpertUsage> {
+    let mut out: Vec<pb::ExpertUsage> = Vec::new();
+    if let Some(s) = &h.streaming {
+        let mut used = s.store.histogram().nonzero();
+        used.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        out.extend(used.into_iter().map(|(k, n)| pb::ExpertUsage {
+            layer: k.layer,
+            expert: k.expert,
+            uses: n,
+            resident: s.store.contains(k),
+            pinned: pins.contains(&(k.layer, k.expert)),
+            ..Default::default()
+        }));
+    }
+    for &(layer, expert) in pins {
+        if !out.iter().any(|u| u.layer == layer && u.expert == expert) {
+            out.push(pb::ExpertUsage {
+                layer,
+                expert,
+                pinned: true,
+                resident: h
+                    .streaming
+                    .as_ref()
+                    .is_some_and(|s| s.store.contains(Key::new(layer as usize, expert as usize))),
+                ..Default::default()
+            });
+        }
+    }
+    out
 }
 
 fn pin_response(pinned: &[(u32, u32)]) -> pb::PinResponse {

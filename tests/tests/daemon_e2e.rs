@@ -910,6 +910,30 @@ async fn streamed_experts_give_the_same_tokens_and_report_cache_statistics() {
     assert!(cache.misses > 0 && cache.bytes_read > 0, "{cache:?}");
     assert!(cache.hit_rate > 0.0 && cache.hit_rate < 1.0, "{cache:?}");
     assert_eq!(cache.total_experts, 16);
+    // Usage per expert, most used first; the hottest can be pinned by count.
+    let stats = c
+        .expert_stats(pb::ExpertStatsRequest {
+            model: id.clone(),
+            top: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!stats.experts.is_empty());
+    assert!(stats.experts.windows(2).all(|w| w[0].uses >= w[1].uses));
+    let pinned = c
+        .pin(pb::PinRequest {
+            model: id.clone(),
+            experts: vec![],
+            hottest: 2,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .pinned;
+    assert_eq!(pinned.len(), 2);
+    let top = (stats.experts[0].layer, stats.experts[0].expert);
+    assert!(pinned.iter().any(|e| (e.layer, e.expert) == top));
     // The usage history is saved on shutdown, next to the pins.
     c.shutdown(pb::ShutdownRequest {}).await.unwrap();
     assert!(d.wait_exit(Duration::from_secs(30)).success());

@@ -108,6 +108,7 @@ impl CacheArgs {
             state_dir,
             persist: !self.no_history,
             preload: !self.no_history,
+            pins: Vec::new(),
         }
     }
 }
@@ -250,7 +251,7 @@ pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
         // Decode only: what the generation costs once the prompt is in.
         let pre = stats_after_prefill.unwrap_or_default();
         let d_req = st.requests - pre.requests;
-        let d_bytes = st.bytes_read - pre.bytes_read;
+        let d_bytes = (st.bytes_read - st.preload_bytes) - (pre.bytes_read - pre.preload_bytes);
         // Belady over the whole run (prefill included, as the live cache saw it), counting
         // the decode steps' misses.
         let opt = belady(&trace, st.capacity_experts);
@@ -271,7 +272,9 @@ pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
         report["decode"] = serde_json::json!({
             "requests": d_req,
             "hit_rate": hit_rate_between(&pre, &st),
+            // Background preloads are a start-up cost, reported apart.
             "bytes_read_per_token": d_bytes as f64 / decoded.max(1) as f64,
+            "preload_bytes": st.preload_bytes,
             "belady_bytes_per_token": opt_decode_bytes as f64 / decoded.max(1) as f64,
             "belady_hit_rate": o_hit as f64 / o_req.max(1) as f64,
             "first_32_tokens_hit_rate": stats_after_first.as_ref().map(|f| hit_rate_between(&pre, f)),

@@ -115,6 +115,7 @@ fn opts(
         state_dir: state.map(Path::to_path_buf),
         persist: state.is_some(),
         preload: true,
+        pins: Vec::new(),
     }
 }
 

@@ -70,6 +70,9 @@ pub struct StoreConfig {
     /// Expert requests one decode token makes (MoE layers × top-k): the unit of LRFU's
     /// half-life.
     pub requests_per_token: usize,
+    /// Experts pinned by the user (`coli pin`): never evicted once loaded, whatever the
+    /// policy, and preloaded at start. Unknown keys are ignored.
+    pub pins: Vec<Key>,
 }
 
 impl Default for StoreConfig {
@@ -81,6 +84,7 @@ impl Default for StoreConfig {
             readers: 4,
             direct: true,
             requests_per_token: 1,
+            pins: Vec::new(),
         }
     }
 }
@@ -234,6 +238,8 @@ struct State {
 struct Job {
     key: Key,
     pending: Arc<Pending>,
+    /// A background preload (its bytes are a start-up cost, counted apart).
+    preload: bool,
 }
 
 #[derive(Default)]
@@ -255,7 +261,8 @@ impl Jobs {
     fn promote(&mut self, p: &Arc<Pending>) {
         for q in [&mut self.prefetch, &mut self.background] {
             if let Some(i) = q.iter().position(|j| Arc::ptr_eq(&j.pending, p)) {
-                let j = q.remove(i).expect("index from position");
+                let mut j = q.remove(i).expect("index from position");
+                j.preload = false;
                 self.demand.push_back(j);
                 return;
             }
@@ -277,6 +284,7 @@ struct Counters {
     prefetch_used: AtomicU64,
     prefetch_wasted: AtomicU64,
     preload_issued: AtomicU64,
+    preload_bytes: AtomicU64,
     evictions: AtomicU64,
     tokens: AtomicU64,
     direct_reads: AtomicU64,
@@ -324,6 +332,7 @@ pub struct PendingHandle(Arc<Pending>);
 
 pub struct ExpertStore {
     shared: Arc<Shared>,
+    user_pins: Vec<Key>,
     threads: Vec<JoinHandle<()>>,
     policy_name: String,
     capacity: usize,
@@ -361,6 +370,8 @@ pub struct StoreStats {
     pub prefetch_used: u64,
     pub prefetch_wasted: u64,
     pub preload_issued: u64,
+    /// Bytes read by background preloads (included in `bytes_read`).
+    pub preload_bytes: u64,
     pub evictions: u64,
     pub tokens: u64,
     /// Router-based prediction of the next layer's experts: predicted, of which routed, and
@@ -526,13 +537,37 @@ impl ExpertStore {
         }
         let capacity = cfg.budget_bytes.checked_div(expert_bytes).unwrap_or(0) as usize;
         let counts = hist.nonzero();
-        let policy = policy::build(
-            &cfg.policy,
-            capacity,
-            Some(&counts),
-            cfg.pin_share,
-            cfg.requests_per_token,
-        )?;
+        let known = |k: &Key| {
+            plans
+                .get(k.layer as usize)
+                .and_then(|r| r.get(k.expert as usize))
+                .is_some_and(|p| p.is_some())
+        };
+        let user_pins: Vec<Key> = cfg.pins.iter().copied().filter(known).collect();
+        let build = |cap| {
+            policy::build(
+                &cfg.policy,
+                cap,
+                Some(&counts),
+                cfg.pin_share,
+                cfg.requests_per_token,
+            )
+        };
+        let policy: Box<dyn Policy> = if user_pins.is_empty() {
+            build(capacity)?
+        } else {
+            let mut err = None;
+            let p = policy::Pinned::new(capacity, &user_pins, |cap| {
+                build(cap).unwrap_or_else(|e| {
+                    err = Some(e);
+                    Box::new(policy::Lru::new(cap))
+                })
+            });
+            if let Some(e) = err {
+                return Err(e);
+            }
+            Box::new(p)
+        };
         let policy_name = policy.name();
         let readers = cfg.readers.max(1);
         let shared = Arc::new(Shared {
@@ -564,6 +599,7 @@ impl ExpertStore {
             .collect::<Result<Vec<_>>>()?;
         Ok(ExpertStore {
             shared,
+            user_pins,
             threads,
             policy_name,
             capacity,
@@ -644,6 +680,7 @@ impl ExpertStore {
             Job {
                 key,
                 pending: p.clone(),
+                preload: false,
             },
             Access::Demand,
             false,
@@ -688,11 +725,17 @@ impl ExpertStore {
     /// The hottest experts of `hist`, as many as the cache holds, hottest first: what
     /// [`ExpertStore::preload`] should fetch at start (a pinned policy's pins come first).
     pub fn preload_candidates(&self, hist: &UsageHistogram) -> Vec<Key> {
-        let st = lock(&self.shared.state);
-        let cap = st.policy.capacity();
-        let hot = policy::hottest(&hist.nonzero(), cap);
-        drop(st);
-        hot
+        let cap = lock(&self.shared.state).policy.capacity();
+        let mut keys: Vec<Key> = self.user_pins.iter().copied().take(cap).collect();
+        for k in policy::hottest(&hist.nonzero(), cap) {
+            if keys.len() >= cap {
+                break;
+            }
+            if !keys.contains(&k) {
+                keys.push(k);
+            }
+        }
+        keys
     }
 
     fn speculate(&self, keys: impl Iterator<Item = Key>, background: bool) -> usize {
@@ -718,7 +761,11 @@ impl ExpertStore {
                         speculative: true,
                     },
                 );
-                queued.push(Job { key, pending: p });
+                queued.push(Job {
+                    key,
+                    pending: p,
+                    preload: background,
+                });
             }
         }
         let n = queued.len() as u64;
@@ -834,6 +881,7 @@ impl ExpertStore {
             prefetch_used: g(&c.prefetch_used),
             prefetch_wasted: g(&c.prefetch_wasted),
             preload_issued: g(&c.preload_issued),
+            preload_bytes: g(&c.preload_bytes),
             evictions: g(&c.evictions),
             tokens: g(&c.tokens),
             predicted: g(&c.predicted),
@@ -885,7 +933,12 @@ fn reader_loop(s: &Shared) {
                 continue;
             }
         }
-        let r: ReadResult = s.read(job.key).map(Arc::new);
+        let r: ReadResult = s.read(job.key).map(|(buf, bytes)| {
+            if job.preload {
+                s.c.preload_bytes.fetch_add(bytes, Ordering::Relaxed);
+            }
+            Arc::new(buf)
+        });
         {
             // The cache first, then the waiters: whoever wakes up sees the final state.
             let mut st = lock(&s.state);
@@ -911,7 +964,7 @@ impl Shared {
     fn read(
         &self,
         key: Key,
-    ) -> std::result::Result<ExpertBuf, (PathBuf, std::io::ErrorKind, String)> {
+    ) -> std::result::Result<(ExpertBuf, u64), (PathBuf, std::io::ErrorKind, String)> {
         let plan = self.plans[key.layer as usize][key.expert as usize]
             .as_ref()
             .expect("keys are checked before they are queued");
@@ -927,11 +980,15 @@ impl Shared {
         self.busy_start();
         let t0 = Instant::now();
         let mut result = Ok(());
+        let mut bytes = 0;
         for g in &plan.groups {
             let f = &self.files[g.file];
-            if let Err(e) = self.read_group(f, g, &mut buf) {
-                result = Err(fail(&f.path, e));
-                break;
+            match self.read_group(f, g, &mut buf) {
+                Ok(n) => bytes += n,
+                Err(e) => {
+                    result = Err(fail(&f.path, e));
+                    break;
+                }
             }
         }
         self.c
@@ -940,13 +997,22 @@ impl Shared {
         self.busy_end();
         result?;
         self.c.reads.fetch_add(1, Ordering::Relaxed);
-        Ok(ExpertBuf {
-            buf,
-            parts: plan.parts.clone(),
-        })
+        Ok((
+            ExpertBuf {
+                buf,
+                parts: plan.parts.clone(),
+            },
+            bytes,
+        ))
     }
 
-    fn read_group(&self, f: &DiskFile, g: &ReadGroup, buf: &mut AlignedBuf) -> std::io::Result<()> {
+    /// Reads one group; returns the bytes read from the file.
+    fn read_group(
+        &self,
+        f: &DiskFile,
+        g: &ReadGroup,
+        buf: &mut AlignedBuf,
+    ) -> std::io::Result<u64> {
         let a0 = align_down(g.start);
         let a1 = align_up(g.end);
         if let Some(d) = f
@@ -959,7 +1025,7 @@ impl Shared {
                 Ok(()) => {
                     self.c.direct_reads.fetch_add(1, Ordering::Relaxed);
                     self.c.bytes_read.fetch_add(a1 - a0, Ordering::Relaxed);
-                    return Ok(());
+                    return Ok(a1 - a0);
                 }
                 Err(e) if e.raw_os_error() == Some(EINVAL) => {
                     f.direct_ok.store(false, Ordering::Relaxed);
@@ -981,7 +1047,7 @@ impl Shared {
         )?;
         drop_cached(&f.buffered, g.start, n as u64);
         self.c.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
-        Ok(())
+        Ok(n as u64)
     }
 
     fn busy_start(&self) {
@@ -1208,6 +1274,7 @@ mod tests {
             readers,
             direct,
             requests_per_token: 1,
+            pins: Vec::new(),
         }
     }
 
@@ -1386,6 +1453,62 @@ mod tests {
             }
         }
         assert!(store.contains(Key::new(0, 3)) && store.contains(Key::new(1, 1)));
+    }
+
+    #[test]
+    fn user_pins_survive_any_policy_and_are_preloaded_first() {
+        let dir = test_dir();
+        let (specs, len) = specs(2, 4, 5000);
+        let path = make_file(dir.path(), len);
+        let probe = open(&path, &specs, 3, false, 1, "lru", UsageHistogram::new(2, 4));
+        let mut c = cfg(3, probe.expert_bytes(), false, 1, "lru");
+        drop(probe);
+        c.pins = vec![Key::new(1, 2), Key::new(9, 9)];
+        let mut hist = UsageHistogram::new(2, 4);
+        hist.add(Key::new(0, 0), 5);
+        let store =
+            ExpertStore::new(std::slice::from_ref(&path), &specs, &c, hist.clone()).unwrap();
+        assert_eq!(store.policy_name(), "pinned-lru");
+        assert_eq!(
+            store.preload_candidates(&hist),
+            vec![Key::new(1, 2), Key::new(0, 0)]
+        );
+        store.get(Key::new(1, 2)).unwrap();
+        for _ in 0..2 {
+            for l in 0..2 {
+                for e in 0..4 {
+                    store.get(Key::new(l, e)).unwrap();
+                }
+            }
+        }
+        assert!(store.contains(Key::new(1, 2)));
+        assert_eq!(store.stats().resident_experts, 3);
+    }
+
+    #[test]
+    fn preload_bytes_are_counted_apart() {
+        let dir = test_dir();
+        let (specs, len) = specs(1, 4, 5000);
+        let path = make_file(dir.path(), len);
+        let store = open(&path, &specs, 4, false, 1, "lru", UsageHistogram::new(1, 4));
+        store.preload(&[Key::new(0, 1)]);
+        store.get(Key::new(0, 3)).unwrap();
+        for _ in 0..200 {
+            if store.stats().resident_experts == 2 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let st = store.stats();
+        assert!(
+            st.preload_bytes > 0 && st.preload_bytes < st.bytes_read,
+            "{st:?}"
+        );
+        assert_eq!(
+            st.bytes_read,
+            2 * st.preload_bytes,
+            "two experts of equal size"
+        );
     }
 
     #[test]

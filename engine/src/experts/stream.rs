@@ -38,8 +38,10 @@ pub struct StreamOptions {
     pub state_dir: Option<PathBuf>,
     /// Load and save the usage histogram.
     pub persist: bool,
-    /// Read the hottest experts of the histogram in the background at start.
+    /// Read the hottest experts of the histogram (and the pins) in the background at start.
     pub preload: bool,
+    /// Experts the user pinned: kept once loaded, whatever the policy.
+    pub pins: Vec<Key>,
 }
 
 impl Default for StreamOptions {
@@ -55,6 +57,7 @@ impl Default for StreamOptions {
             state_dir: None,
             persist: true,
             preload: true,
+            pins: Vec::new(),
         }
     }
 }
@@ -370,6 +373,7 @@ pub fn enable_with_plan(
         readers: opts.readers,
         direct: opts.direct,
         requests_per_token: per_token,
+        pins: opts.pins.clone(),
     };
     let store = ExpertStore::new(&files, &specs, &cfg, hist.clone())?;
     warnings.extend(store.stats().notes);
@@ -418,7 +422,7 @@ pub fn enable_with_plan(
             m.hooks.predictor = predictors.remove(&li);
         }
     }
-    if opts.preload && from_file {
+    if opts.preload && (from_file || !opts.pins.is_empty()) {
         let keys = streaming.store.preload_candidates(&hist);
         streaming.store.preload(&keys);
     }

@@ -34,7 +34,12 @@ pub fn workspace_bin(package: &str, bin: &str) -> PathBuf {
     let release = profile_dir.file_name().is_some_and(|n| n == "release");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--quiet", "-p", package, "--bin", bin])
+    // Build every workspace binary, not just this package's: cargo unifies dependency
+    // features per build, and a `colibrid` built alone (other features, other codegen)
+    // gave logits that differ in the last bit from the `coli` and engine built with the
+    // workspace. After `cargo test --workspace` this is a no-op.
+    let _ = package;
+    cmd.args(["build", "--quiet", "--workspace", "--bins"])
         .args(if release {
             ["--profile", "release"]
         } else {
@@ -47,7 +52,7 @@ pub fn workspace_bin(package: &str, bin: &str) -> PathBuf {
         .unwrap_or_else(|e| panic!("running cargo to build {bin}: {e}"));
     assert!(
         status.success(),
-        "cargo build -p {package} --bin {bin} failed"
+        "cargo build --workspace --bins (for {bin}) failed"
     );
     let path = profile_dir.join(format!("{bin}{}", std::env::consts::EXE_SUFFIX));
     assert!(path.exists(), "{} missing after the build", path.display());

@@ -472,3 +472,30 @@ fn mutated_container_headers_never_panic() {
         "most mutations must be refused ({ok} loaded, {err} refused)"
     );
 }
+
+/// MTP layers (after the decoder layers) keep their routed experts at int8 when the other
+/// experts go to int4.
+#[test]
+fn mtp_experts_stay_int8_in_an_int4_container() {
+    let fam = fixtures().join("deepseek_v3");
+    let tmp = tempfile::tempdir().unwrap();
+    let int4 = parse_format("int4", 64).unwrap();
+    convert_to(&fam, tmp.path(), int4, WeightFormat::BF16);
+    let ckpt = colibri_engine::container::Checkpoint::open(tmp.path()).unwrap();
+    let format = |name: &str| {
+        ckpt.get(name)
+            .and_then(|t| t.quant.as_ref())
+            .and_then(|q| q.format)
+            .unwrap_or_else(|| panic!("{name} is not a quantized tensor"))
+    };
+    assert_eq!(
+        format("model.layers.1.mlp.experts.0.gate_proj.weight"),
+        int4
+    );
+    assert_eq!(
+        format("model.layers.3.mlp.experts.0.gate_proj.weight"),
+        WeightFormat::I8Row
+    );
+    // And the converted model still loads, MTP layer included.
+    Model::load(tmp.path()).unwrap();
+}

@@ -133,6 +133,16 @@ pub fn plan(ckpt: &Checkpoint, opts: &ConvertOptions) -> Result<Vec<PlannedPart>
     names.sort();
     let mut dense: Vec<PlannedItem> = Vec::new();
     let mut experts: BTreeMap<usize, Vec<(usize, PlannedItem)>> = BTreeMap::new();
+    // Multi-token-prediction layers sit after the decoder layers (DeepSeek-V3, GLM). Their
+    // routed experts stay at int8 or better: int4 MTP heads are reported to collapse draft
+    // acceptance, and they are one layer, so the bytes are small.
+    let decoder_layers = ckpt
+        .config
+        .get("num_hidden_layers")
+        .and_then(|v| v.as_u64())
+        .map(|v| v as usize);
+    let is_mtp =
+        |name: &str| matches!((layer_of(name), decoder_layers), (Some(l), Some(n)) if l >= n);
     for name in names {
         let t = ckpt.get(name).expect("listed");
         if name.ends_with("_scale_inv") {
@@ -158,7 +168,12 @@ pub fn plan(ckpt: &Checkpoint, opts: &ConvertOptions) -> Result<Vec<PlannedPart>
         }
         let matrix = t.shape.len() == 2 && name.ends_with(".weight");
         let format = if matrix && is_routed_expert(name).is_some() {
-            opts.experts
+            match opts.experts {
+                WeightFormat::I4 { .. } | WeightFormat::I2 { .. } if is_mtp(name) => {
+                    WeightFormat::I8Row
+                }
+                f => f,
+            }
         } else if matrix && !keep_exact(name) {
             opts.dense
         } else {

@@ -2,7 +2,7 @@
 """Talks to a running colibrid with stock Python gRPC (grpcio), nothing from this repository
 but the .proto file: health check, server reflection, Status, and a streamed Generate.
 
-It shows that any gRPC client can use the daemon. Not run by CI (CI runs no Python); the
+It shows that any gRPC client can use the daemon. CI runs it through tools/grpc_smoke.sh; the
 same checks run in Rust in tests/tests/daemon_reflection.rs with a reflection-driven
 generic client.
 

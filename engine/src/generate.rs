@@ -126,7 +126,12 @@ impl Generation {
 
     /// Records that `fed` tokens from [`next_input`](Self::next_input) went through the
     /// model; `logits` are the last position's when they were wanted.
-    pub fn accept(&mut self, model: &Model, fed: usize, logits: Option<&[f32]>) -> Result<StepEvent> {
+    pub fn accept(
+        &mut self,
+        model: &Model,
+        fed: usize,
+        logits: Option<&[f32]>,
+    ) -> Result<StepEvent> {
         if !self.pending.is_empty() {
             self.pending.drain(..fed.min(self.pending.len()));
         }
@@ -222,7 +227,12 @@ impl Generation {
     }
 
     /// Runs this generation alone to the end, calling `on_event` after every token.
-    pub fn run(&mut self, model: &Model, prefill_chunk: usize, mut on_event: impl FnMut(&StepEvent)) -> Result<()> {
+    pub fn run(
+        &mut self,
+        model: &Model,
+        prefill_chunk: usize,
+        mut on_event: impl FnMut(&StepEvent),
+    ) -> Result<()> {
         while self.finished.is_none() {
             let (tokens, want) = self.next_input(prefill_chunk);
             let tokens = tokens.to_vec();

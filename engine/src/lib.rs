@@ -8,7 +8,7 @@
 //! - [`experts`]: routed experts streamed from disk into a budgeted cache.
 //! - [`model`]: [`Model`], the loaded network with its text assets; the batched forward.
 //! - [`text`]: tokenizer, chat template, incremental detokenization, stop strings.
-//! - [`sample`]: samplers.
+//! - [`sample`] — samplers.
 //! - [`generate`]: the step-by-step generation state machine shared by CLI and daemon.
 //! - [`speculative`]: speculative decoding with the model's MTP layers.
 

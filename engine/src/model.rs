@@ -59,16 +59,20 @@ impl Model {
         } else {
             None
         };
-        let mut eos_ids: Vec<u32> = text.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default();
+        let mut eos_ids: Vec<u32> = text
+            .as_ref()
+            .map(|t| t.eos_ids().to_vec())
+            .unwrap_or_default();
         for id in arch::config::id_list(&ckpt.config, "eos_token_id") {
             if !eos_ids.contains(&id) {
                 eos_ids.push(id);
             }
         }
-        let bos_id = text
-            .as_ref()
-            .and_then(|t| t.bos_id())
-            .or_else(|| arch::config::id_list(&ckpt.config, "bos_token_id").first().copied());
+        let bos_id = text.as_ref().and_then(|t| t.bos_id()).or_else(|| {
+            arch::config::id_list(&ckpt.config, "bos_token_id")
+                .first()
+                .copied()
+        });
         let info = ModelInfo {
             dir: dir.to_path_buf(),
             model_type: net.model_type.clone(),
@@ -92,7 +96,10 @@ impl Model {
         if let Some(bad) = tokens.iter().find(|&&t| t as usize >= self.info.vocab_size) {
             return Err(Error::invalid(
                 field,
-                format!("token id {bad} is outside the vocabulary of {} ids", self.info.vocab_size),
+                format!(
+                    "token id {bad} is outside the vocabulary of {} ids",
+                    self.info.vocab_size
+                ),
             ));
         }
         let needed = cache_len + tokens.len();

@@ -53,9 +53,15 @@ fn malformed_json_is_rejected() {
 
 #[test]
 fn offsets_out_of_bounds_are_rejected() {
-    let f = file_with_header(r#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#, &[0u8; 8]);
+    let f = file_with_header(
+        r#"{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}"#,
+        &[0u8; 8],
+    );
     let e = err_text(&f);
-    assert!(e.contains("'w'") && e.contains("past the data section"), "{e}");
+    assert!(
+        e.contains("'w'") && e.contains("past the data section"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -69,7 +75,10 @@ fn shape_overflow_is_rejected() {
 
 #[test]
 fn shape_bytes_mismatch_is_rejected() {
-    let f = file_with_header(r#"{"w":{"dtype":"BF16","shape":[3],"data_offsets":[0,8]}}"#, &[0u8; 8]);
+    let f = file_with_header(
+        r#"{"w":{"dtype":"BF16","shape":[3],"data_offsets":[0,8]}}"#,
+        &[0u8; 8],
+    );
     let e = err_text(&f);
     assert!(e.contains("holds 8 bytes") && e.contains("needs 6"), "{e}");
 }
@@ -81,17 +90,29 @@ fn overlapping_and_reversed_ranges_are_rejected() {
         &[0u8; 12],
     );
     assert!(err_text(&f).contains("overlaps"));
-    let f = file_with_header(r#"{"a":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}}"#, &[0u8; 8]);
+    let f = file_with_header(
+        r#"{"a":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}}"#,
+        &[0u8; 8],
+    );
     assert!(err_text(&f).contains("reversed"));
 }
 
 #[test]
 fn unknown_dtype_and_bad_fields_are_rejected() {
-    let f = file_with_header(r#"{"a":{"dtype":"Q9","shape":[1],"data_offsets":[0,1]}}"#, &[0u8; 1]);
+    let f = file_with_header(
+        r#"{"a":{"dtype":"Q9","shape":[1],"data_offsets":[0,1]}}"#,
+        &[0u8; 1],
+    );
     assert!(err_text(&f).contains("unknown dtype"));
-    let f = file_with_header(r#"{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}"#, &[0u8; 4]);
+    let f = file_with_header(
+        r#"{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}"#,
+        &[0u8; 4],
+    );
     assert!(err_text(&f).contains("non-negative"));
-    let f = file_with_header(r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0]}}"#, &[0u8; 4]);
+    let f = file_with_header(
+        r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0]}}"#,
+        &[0u8; 4],
+    );
     assert!(err_text(&f).contains("data_offsets"));
 }
 
@@ -103,7 +124,11 @@ fn index_must_name_plain_shard_files() {
     assert!(parse_index(br#"{"weight_map":{}}"#, p).is_err());
     assert!(parse_index(br#"{"nope":1}"#, p).is_err());
     assert!(parse_index(b"\xff", p).is_err());
-    let m = parse_index(br#"{"metadata":{},"weight_map":{"a":"model-00001-of-00002.safetensors"}}"#, p).unwrap();
+    let m = parse_index(
+        br#"{"metadata":{},"weight_map":{"a":"model-00001-of-00002.safetensors"}}"#,
+        p,
+    )
+    .unwrap();
     assert_eq!(m["a"], "model-00001-of-00002.safetensors");
 }
 
@@ -115,10 +140,15 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) {
 fn duplicate_tensor_across_shards_is_rejected() {
     let d = tempfile::tempdir().unwrap();
     write(d.path(), "config.json", b"{}");
-    let f = file_with_header(r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#, &[0u8; 4]);
+    let f = file_with_header(
+        r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#,
+        &[0u8; 4],
+    );
     write(d.path(), "a.safetensors", &f);
     write(d.path(), "b.safetensors", &f);
-    let e = Checkpoint::open(d.path()).err().expect("duplicate must fail");
+    let e = Checkpoint::open(d.path())
+        .err()
+        .expect("duplicate must fail");
     assert!(matches!(e, Error::DuplicateTensor { .. }), "{e}");
 }
 
@@ -126,7 +156,10 @@ fn duplicate_tensor_across_shards_is_rejected() {
 fn index_pointing_at_wrong_shard_is_rejected() {
     let d = tempfile::tempdir().unwrap();
     write(d.path(), "config.json", b"{}");
-    let f = file_with_header(r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#, &[0u8; 4]);
+    let f = file_with_header(
+        r#"{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#,
+        &[0u8; 4],
+    );
     write(d.path(), "a.safetensors", &f);
     write(d.path(), "b.safetensors", &file_with_header("{}", &[]));
     write(
@@ -134,7 +167,10 @@ fn index_pointing_at_wrong_shard_is_rejected() {
         "model.safetensors.index.json",
         br#"{"weight_map":{"w":"b.safetensors"}}"#,
     );
-    let e = Checkpoint::open(d.path()).err().expect("must fail").to_string();
+    let e = Checkpoint::open(d.path())
+        .err()
+        .expect("must fail")
+        .to_string();
     assert!(e.contains("'w'") && e.contains("b.safetensors"), "{e}");
     // An index naming a shard that does not exist.
     write(
@@ -142,31 +178,53 @@ fn index_pointing_at_wrong_shard_is_rejected() {
         "model.safetensors.index.json",
         br#"{"weight_map":{"w":"missing.safetensors"}}"#,
     );
-    let e = Checkpoint::open(d.path()).err().expect("must fail").to_string();
+    let e = Checkpoint::open(d.path())
+        .err()
+        .expect("must fail")
+        .to_string();
     assert!(e.contains("missing.safetensors"), "{e}");
 }
 
 #[test]
 fn folders_without_config_or_weights_are_rejected() {
     let d = tempfile::tempdir().unwrap();
-    let e = Checkpoint::open(d.path()).err().expect("no config").to_string();
+    let e = Checkpoint::open(d.path())
+        .err()
+        .expect("no config")
+        .to_string();
     assert!(e.contains("config.json"), "{e}");
     write(d.path(), "config.json", b"{}");
-    let e = Checkpoint::open(d.path()).err().expect("no weights").to_string();
+    let e = Checkpoint::open(d.path())
+        .err()
+        .expect("no weights")
+        .to_string();
     assert!(e.contains("safetensors"), "{e}");
     write(d.path(), "config.json", b"{oops");
     assert!(Checkpoint::open(d.path()).is_err());
-    let e = Checkpoint::open(&d.path().join("nope")).err().expect("not a dir").to_string();
+    let e = Checkpoint::open(&d.path().join("nope"))
+        .err()
+        .expect("not a dir")
+        .to_string();
     assert!(e.contains("not a directory"), "{e}");
 }
 
 #[test]
 fn unknown_model_type_lists_the_supported_ones() {
     let d = tempfile::tempdir().unwrap();
-    write(d.path(), "config.json", br#"{"model_type":"llama_moe_9000"}"#);
+    write(
+        d.path(),
+        "config.json",
+        br#"{"model_type":"llama_moe_9000"}"#,
+    );
     write(d.path(), "model.safetensors", &file_with_header("{}", &[]));
-    let e = colibri_engine::Model::load(d.path()).err().expect("must fail").to_string();
-    assert!(e.contains("llama_moe_9000") && e.contains("olmoe") && e.contains("mixtral"), "{e}");
+    let e = colibri_engine::Model::load(d.path())
+        .err()
+        .expect("must fail")
+        .to_string();
+    assert!(
+        e.contains("llama_moe_9000") && e.contains("olmoe") && e.contains("mixtral"),
+        "{e}"
+    );
 }
 
 /// A deterministic stand-in for the fuzz targets that CI can run: thousands of byte-level

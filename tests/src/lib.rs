@@ -35,8 +35,8 @@ fn ids(v: &serde_json::Value, key: &str) -> Vec<u32> {
 impl Reference {
     pub fn load(family: &str) -> Reference {
         let path = fixture(family).join("ref.json");
-        let text = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let v: serde_json::Value = serde_json::from_str(&text).expect("ref.json is JSON");
         let logits = v["logits"]
             .as_array()
@@ -62,7 +62,10 @@ impl Reference {
 /// Largest absolute difference between two equally long slices.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 /// (index of the largest value, gap between the two largest values).

@@ -58,11 +58,16 @@ fn missing_tensor_is_named() {
 #[test]
 fn shape_mismatch_names_file_and_tensor() {
     let d = copy_fixture("olmoe");
-    edit_json(&d.path().join("config.json"), |c| c["intermediate_size"] = 48.into());
+    edit_json(&d.path().join("config.json"), |c| {
+        c["intermediate_size"] = 48.into()
+    });
     let e = load_err(d.path());
     let s = e.to_string();
     assert!(matches!(e, Error::BadTensor { .. }), "{s}");
-    assert!(s.contains("model.safetensors") && s.contains("experts.0.gate_proj"), "{s}");
+    assert!(
+        s.contains("model.safetensors") && s.contains("experts.0.gate_proj"),
+        "{s}"
+    );
 }
 
 #[test]
@@ -72,7 +77,10 @@ fn truncated_weights_file_is_an_error() {
     let bytes = std::fs::read(&f).unwrap();
     std::fs::write(&f, &bytes[..bytes.len() / 2]).unwrap();
     let s = load_err(d.path()).to_string();
-    assert!(s.contains("model.safetensors") && s.contains("past the data section"), "{s}");
+    assert!(
+        s.contains("model.safetensors") && s.contains("past the data section"),
+        "{s}"
+    );
 }
 
 #[test]
@@ -112,15 +120,22 @@ fn prompt_longer_than_context_is_an_error_not_a_truncation() {
         max_tokens: 1,
         ..Default::default()
     };
-    let e = Generation::new(&model, model.new_cache(), req).err().expect("must fail");
-    assert!(matches!(e, Error::ContextOverflow { needed, max } if needed == ctx + 1 && max == ctx), "{e}");
+    let e = Generation::new(&model, model.new_cache(), req)
+        .err()
+        .expect("must fail");
+    assert!(
+        matches!(e, Error::ContextOverflow { needed, max } if needed == ctx + 1 && max == ctx),
+        "{e}"
+    );
     // Fits the prompt, but not prompt + max_tokens.
     let req = GenerateRequest {
         prompt: vec![5; ctx - 2],
         max_tokens: 5,
         ..Default::default()
     };
-    let e = Generation::new(&model, model.new_cache(), req).err().expect("must fail");
+    let e = Generation::new(&model, model.new_cache(), req)
+        .err()
+        .expect("must fail");
     assert!(e.to_string().contains("max_tokens"), "{e}");
     // Out-of-vocabulary ids.
     let req = GenerateRequest {
@@ -128,6 +143,8 @@ fn prompt_longer_than_context_is_an_error_not_a_truncation() {
         max_tokens: 1,
         ..Default::default()
     };
-    let e = Generation::new(&model, model.new_cache(), req).err().expect("must fail");
+    let e = Generation::new(&model, model.new_cache(), req)
+        .err()
+        .expect("must fail");
     assert!(e.to_string().contains("vocabulary"), "{e}");
 }

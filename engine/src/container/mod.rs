@@ -9,11 +9,14 @@ mod quantized;
 mod safetensors_file;
 
 pub use quantized::{
-    c_layout_format, is_routed_expert, parse_container_meta, ContainerMeta, ExpertExtent, QuantAttach, TensorRecord,
-    EXPERT_ALIGN, FORMAT_VERSION, KEY_EXPERTS, KEY_TENSORS, KEY_VERSION, PAD_PREFIX, SCALES_SUFFIX,
+    c_layout_format, is_routed_expert, parse_container_meta, ContainerMeta, ExpertExtent,
+    QuantAttach, TensorRecord, EXPERT_ALIGN, FORMAT_VERSION, KEY_EXPERTS, KEY_TENSORS, KEY_VERSION,
+    PAD_PREFIX, SCALES_SUFFIX,
 };
 
-pub use safetensors_file::{parse_index, parse_safetensors_header, DType, HeaderEntry, ParsedHeader};
+pub use safetensors_file::{
+    parse_index, parse_safetensors_header, DType, HeaderEntry, ParsedHeader,
+};
 
 use crate::error::{Error, Result};
 use memmap2::Mmap;
@@ -37,7 +40,9 @@ impl MappedFile {
 
 impl std::fmt::Debug for MappedFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MappedFile").field("path", &self.path).finish()
+        f.debug_struct("MappedFile")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -96,9 +101,7 @@ impl TensorRef {
                 .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
                 .collect(),
             other => {
-                return Err(self.bad(format!(
-                    "dtype {other:?} where f32, bf16 or f16 is needed"
-                )))
+                return Err(self.bad(format!("dtype {other:?} where f32, bf16 or f16 is needed")))
             }
         })
     }
@@ -124,7 +127,8 @@ impl Checkpoint {
         if !dir.is_dir() {
             return Err(Error::Config {
                 file: dir.to_path_buf(),
-                msg: "not a directory (expected a model folder with config.json and *.safetensors)".into(),
+                msg: "not a directory (expected a model folder with config.json and *.safetensors)"
+                    .into(),
             });
         }
         let config_path = dir.join("config.json");
@@ -182,12 +186,12 @@ impl Checkpoint {
             match (container_meta.is_some(), container_files) {
                 (true, None) => container_files = Some(true),
                 (false, None) => container_files = Some(false),
-                (c, Some(prev)) if c != prev => {
-                    return Err(Error::CorruptFile {
-                        file: path.clone(),
-                        msg: "some files of this folder carry colibri container records and some do not".into(),
-                    })
-                }
+                (c, Some(prev)) if c != prev => return Err(Error::CorruptFile {
+                    file: path.clone(),
+                    msg:
+                        "some files of this folder carry colibri container records and some do not"
+                            .into(),
+                }),
                 _ => {}
             }
             let mapped = Arc::new(MappedFile {
@@ -240,7 +244,9 @@ impl Checkpoint {
                     None => {
                         return Err(Error::CorruptFile {
                             file: index_path.clone(),
-                            msg: format!("the index places tensor '{t}' in {shard}, which does not hold it"),
+                            msg: format!(
+                                "the index places tensor '{t}' in {shard}, which does not hold it"
+                            ),
                         })
                     }
                 }

@@ -113,17 +113,25 @@ fn bad_tensor(path: &Path, name: &str, msg: impl Into<String>) -> Error {
 /// and the data section fully covered (trailing garbage is tolerated by nobody).
 pub fn parse_safetensors_header(file: &[u8], path: &Path) -> Result<ParsedHeader> {
     if file.len() < 8 {
-        return Err(corrupt(path, format!("{} bytes is too short for a safetensors file", file.len())));
+        return Err(corrupt(
+            path,
+            format!("{} bytes is too short for a safetensors file", file.len()),
+        ));
     }
     let n = u64::from_le_bytes(file[..8].try_into().expect("8 bytes"));
     if n > MAX_HEADER_BYTES {
-        return Err(corrupt(path, format!("header length {n} exceeds the {MAX_HEADER_BYTES} byte limit")));
+        return Err(corrupt(
+            path,
+            format!("header length {n} exceeds the {MAX_HEADER_BYTES} byte limit"),
+        ));
     }
     let avail = (file.len() - 8) as u64;
     if n > avail {
         return Err(corrupt(
             path,
-            format!("header length {n} runs past the end of the file ({avail} bytes after the length)"),
+            format!(
+                "header length {n} runs past the end of the file ({avail} bytes after the length)"
+            ),
         ));
     }
     let n = n as usize;
@@ -147,9 +155,12 @@ pub fn parse_safetensors_header(file: &[u8], path: &Path) -> Result<ParsedHeader
                 .as_object()
                 .ok_or_else(|| corrupt(path, "__metadata__ is not an object"))?;
             for (k, val) in m {
-                let s = val
-                    .as_str()
-                    .ok_or_else(|| corrupt(path, format!("__metadata__ value for '{k}' is not a string")))?;
+                let s = val.as_str().ok_or_else(|| {
+                    corrupt(
+                        path,
+                        format!("__metadata__ value for '{k}' is not a string"),
+                    )
+                })?;
                 out.metadata.insert(k.clone(), s.to_string());
             }
             continue;
@@ -172,7 +183,9 @@ pub fn parse_safetensors_header(file: &[u8], path: &Path) -> Result<ParsedHeader
             let d = d
                 .as_u64()
                 .and_then(|d| usize::try_from(d).ok())
-                .ok_or_else(|| bad_tensor(path, name, "shape entries must be non-negative integers"))?;
+                .ok_or_else(|| {
+                    bad_tensor(path, name, "shape entries must be non-negative integers")
+                })?;
             shape.push(d);
         }
         let offs = t
@@ -195,13 +208,19 @@ pub fn parse_safetensors_header(file: &[u8], path: &Path) -> Result<ParsedHeader
             .checked_mul(dtype.size())
             .ok_or_else(|| bad_tensor(path, name, format!("shape {shape:?} overflows")))?;
         if end < start {
-            return Err(bad_tensor(path, name, format!("data_offsets [{start}, {end}] are reversed")));
+            return Err(bad_tensor(
+                path,
+                name,
+                format!("data_offsets [{start}, {end}] are reversed"),
+            ));
         }
         if end > data_len {
             return Err(bad_tensor(
                 path,
                 name,
-                format!("data_offsets [{start}, {end}] run past the data section ({data_len} bytes)"),
+                format!(
+                    "data_offsets [{start}, {end}] run past the data section ({data_len} bytes)"
+                ),
             ));
         }
         if end - start != nbytes {
@@ -250,9 +269,12 @@ pub fn parse_index(bytes: &[u8], path: &Path) -> Result<BTreeMap<String, String>
         .ok_or_else(|| corrupt(path, "no 'weight_map' object"))?;
     let mut out = BTreeMap::new();
     for (tensor, file) in map {
-        let file = file
-            .as_str()
-            .ok_or_else(|| corrupt(path, format!("weight_map entry for '{tensor}' is not a string")))?;
+        let file = file.as_str().ok_or_else(|| {
+            corrupt(
+                path,
+                format!("weight_map entry for '{tensor}' is not a string"),
+            )
+        })?;
         if file.is_empty()
             || file.contains('/')
             || file.contains('\\')

@@ -80,6 +80,9 @@ for p in lru lfu-admit arc; do
     in_cgroup "zipf-2g-$p" $(trace) --stream --no-history --no-prefetch --synthetic-routing "$ZIPF" --policy "$p"
 done
 
+# A long generation: RSS against budget + resident part.
+(TOKENS=512 && in_cgroup zipf-2g-long $(trace) --stream --no-history --no-prefetch --synthetic-routing "$ZIPF")
+
 # 2. Second start: a first run writes the usage history, the second loads it (seeded
 # frequencies, the hottest experts preloaded in the background) with other draws of the
 # same routing law, and is measured over its first 32 tokens.
@@ -104,6 +107,9 @@ CAP=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["store"]["
 for t in zipf model; do
     "$COLI" simulate --trace "$OUT/trace-$t-2g.json" --capacity "$CAP,25%,50%" | tee "$OUT/policies-$t.txt"
 done
+# What a perfectly learned histogram would give: the trace's own counts, all the cache pinned.
+"$COLI" simulate --trace "$OUT/trace-zipf-2g.json" --capacity "$CAP" --warm-from "$OUT/trace-zipf-2g.json" \
+    --pin-share 1 --policies pinned-lru | tee "$OUT/policies-zipf-oracle-pins.txt"
 
 python3 - "$OUT" <<'EOF'
 import json, os, sys

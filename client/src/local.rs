@@ -5,6 +5,7 @@ use crate::output::{print_score, RunSink, RunStats};
 use crate::progress;
 use crate::run::{PromptSpec, RunArgs, ScoreArgs};
 use anyhow::Context;
+use colibri_engine::experts::stream::{self, StreamOptions};
 use colibri_engine::speculative::{DraftMode, SpeculativeGeneration};
 use colibri_engine::text::ChatMessage;
 use colibri_engine::{Error, GenerateRequest, Model};
@@ -76,7 +77,21 @@ pub fn max_tokens(
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let spec = args.prompt_spec()?;
-    let (model, load_s) = load_model(&args.target.model)?;
+    let (mut model, load_s) = load_model(&args.target.model)?;
+    let streaming = match args.expert_cache {
+        Some(mib) => {
+            let opts = StreamOptions {
+                budget: Some(mib << 20),
+                ..Default::default()
+            };
+            let s = stream::enable(&mut model, &opts)?;
+            for w in &s.warnings {
+                eprintln!("warning: {w}");
+            }
+            Some(s)
+        }
+        None => None,
+    };
     let prompt = prompt_ids(&model, &spec)?;
     let sampling = args.sampling.params();
     let seed = sampling.seed;
@@ -110,6 +125,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         return Err(e).context("writing to stdout");
     }
     let spec = generation.stats().clone();
+    let store = streaming.as_ref().map(|s| s.stats());
     let generation = generation.into_generation();
     let end = Instant::now();
     let first = first_token.unwrap_or(end);
@@ -120,6 +136,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         prefill_s: (first - start).as_secs_f64(),
         decode_s: (end - first).as_secs_f64(),
         seed,
+        expert_cache_hit_rate: store.as_ref().map(|s| s.hit_rate()),
         ..Default::default()
     }
     .with_rates();
@@ -130,6 +147,18 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     sink.finish(reason, &stats)?;
     if args.stats {
         eprintln!("{} (finish: {reason})", stats.summary());
+        if let Some(st) = &store {
+            eprintln!(
+                "experts: hit {:.1}%, {:.2} MB read per token, disk {:.2} GB/s, waited {:.2} s on reads of {:.2} s decoding, prefetch recall {:.0}% precision {:.0}%",
+                st.hit_rate() * 100.0,
+                st.bytes_per_token() / 1e6,
+                st.disk_gbps(),
+                st.wait_seconds,
+                stats.prefill_s + stats.decode_s,
+                st.prefetch_recall() * 100.0,
+                st.prefetch_precision() * 100.0
+            );
+        }
         match &spec.disabled {
             Some(why) if spec.drafted == 0 => eprintln!("speculation: off ({why})"),
             _ => eprintln!(

@@ -149,7 +149,7 @@ pub fn run_stats(s: &pb::GenerationStats, seed: u64) -> RunStats {
 pub async fn run(client: &mut Client, args: &RunArgs) -> anyhow::Result<()> {
     let spec = args.prompt_spec()?;
     let model = model_id(&args.target.model)?;
-    let info = load_model(client, &model, None).await?;
+    let info = load_model(client, &model, args.expert_cache.map(|mib| mib << 20)).await?;
     let prompt = prompt_ids(client, &model, &spec).await?;
     let max_tokens = local::max_tokens(args.max_tokens, prompt.len(), info.max_context as usize)?;
     let sampling = sampling(&args.sampling);

@@ -140,6 +140,11 @@ pub struct RunArgs {
     /// Never draft.
     #[arg(long)]
     pub no_draft: bool,
+    /// Stream the routed experts from disk through a cache of this many MiB instead of
+    /// mapping them all (in-process with --local; through the daemon it applies when this
+    /// command loads the model). With --stats, the cache's statistics are printed.
+    #[arg(long, value_name = "MIB")]
+    pub expert_cache: Option<u64>,
 }
 
 impl RunArgs {

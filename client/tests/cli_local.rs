@@ -514,3 +514,43 @@ fn draft_keeps_greedy_tokens() {
     let err = assert_clean_failure(&o);
     assert!(err.contains("MTP"), "{err}");
 }
+
+/// `--expert-cache` streams the experts through a tiny cache: same tokens, statistics shown.
+#[test]
+fn streamed_experts_give_the_same_tokens() {
+    let dir = fixtures().join("olmoe");
+    let state = tempfile::tempdir().unwrap();
+    let r = reference(&dir);
+    let want = ids_of(&r["greedy_ids"]);
+    let o = Command::new(env!("CARGO_BIN_EXE_coli"))
+        .args([
+            "run",
+            "--local",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt-ids",
+            &csv(&ids_of(&r["prompt_ids"])),
+            "--max-tokens",
+            &want.len().to_string(),
+            "--temperature",
+            "0",
+            "--ignore-eos",
+            "--output",
+            "ids",
+            "--stats",
+            "--expert-cache",
+            "0",
+        ])
+        .env("COLI_SOCKET", "/nonexistent/colibri-test.sock")
+        .env("XDG_STATE_HOME", state.path())
+        .env("HOME", state.path())
+        .output()
+        .unwrap();
+    assert_ok(&o);
+    let got: Vec<u32> = stdout(&o)
+        .split_whitespace()
+        .map(|t| t.parse().unwrap())
+        .collect();
+    assert_eq!(got, want);
+    assert!(stderr(&o).contains("experts: hit"), "{}", stderr(&o));
+}

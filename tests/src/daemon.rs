@@ -13,8 +13,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 
-/// Path of binary `bin` of workspace package `package`, built for this test run's profile.
-pub fn workspace_bin(package: &str, bin: &str) -> PathBuf {
+/// Path of the workspace binary `bin`, built for this test run's profile.
+pub fn workspace_bin(bin: &str) -> PathBuf {
     static BUILT: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new());
     let var = format!("{}_BIN", bin.to_uppercase());
     if let Some(p) = std::env::var_os(&var) {
@@ -38,7 +38,6 @@ pub fn workspace_bin(package: &str, bin: &str) -> PathBuf {
     // features per build, and a `colibrid` built alone (other features, other codegen)
     // gave logits that differ in the last bit from the `coli` and engine built with the
     // workspace. After `cargo test --workspace` this is a no-op.
-    let _ = package;
     cmd.args(["build", "--quiet", "--workspace", "--bins"])
         .args(if release {
             ["--profile", "release"]
@@ -61,7 +60,7 @@ pub fn workspace_bin(package: &str, bin: &str) -> PathBuf {
 }
 
 pub fn colibrid_bin() -> PathBuf {
-    workspace_bin("colibri-daemon", "colibrid")
+    workspace_bin("colibrid")
 }
 
 /// A `colibrid` child process on a private socket and state directory.

@@ -113,16 +113,7 @@ pub fn build_mla_family(ckpt: &Checkpoint, cfg: &Cfg, fam: MlaFamily) -> Result<
         } else {
             Ffn::Dense(ld.mlp(&format!("{p}.mlp"), names, d.hidden, dense_inter)?)
         };
-        Ok(Layer {
-            attn_norm: ld.norm(&format!("{p}.input_layernorm.weight"), d.hidden, d.eps)?,
-            attn: Attention::Mla(attn),
-            ffn_norm: ld.norm(
-                &format!("{p}.post_attention_layernorm.weight"),
-                d.hidden,
-                d.eps,
-            )?,
-            ffn,
-        })
+        Layer::load(&ld, p, &d, Attention::Mla(attn), ffn)
     };
     let layers = (0..d.n_layers)
         .map(|i| layer(i, &format!("model.layers.{i}")))

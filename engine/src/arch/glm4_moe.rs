@@ -46,16 +46,7 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
         } else {
             Ffn::Dense(ld.mlp(&format!("{p}.mlp"), names, d.hidden, dense_inter)?)
         };
-        Ok(Layer {
-            attn_norm: ld.norm(&format!("{p}.input_layernorm.weight"), d.hidden, d.eps)?,
-            attn: Attention::Gqa(attn),
-            ffn_norm: ld.norm(
-                &format!("{p}.post_attention_layernorm.weight"),
-                d.hidden,
-                d.eps,
-            )?,
-            ffn,
-        })
+        Layer::load(&ld, p, &d, Attention::Gqa(attn), ffn)
     };
     let layers = (0..d.n_layers)
         .map(|i| layer(i, &format!("model.layers.{i}")))

@@ -48,25 +48,17 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
                 )
             })
             .collect::<Result<Vec<_>>>()?;
-        layers.push(Layer {
-            attn_norm: ld.norm(&format!("{p}.input_layernorm.weight"), d.hidden, d.eps)?,
-            attn: Attention::Gqa(attn),
-            ffn_norm: ld.norm(
-                &format!("{p}.post_attention_layernorm.weight"),
-                d.hidden,
-                d.eps,
-            )?,
-            ffn: Ffn::Moe(Moe {
-                router: ld.matrix(&format!("{moe}.gate.weight"), n_experts, d.hidden)?,
-                routing: Routing::SoftmaxTopK {
-                    norm_topk_prob: true,
-                },
-                top_k,
-                experts,
-                shared: None,
-                hooks: Default::default(),
-            }),
+        let ffn = Ffn::Moe(Moe {
+            router: ld.matrix(&format!("{moe}.gate.weight"), n_experts, d.hidden)?,
+            routing: Routing::SoftmaxTopK {
+                norm_topk_prob: true,
+            },
+            top_k,
+            experts,
+            shared: None,
+            hooks: Default::default(),
         });
+        layers.push(Layer::load(&ld, &p, &d, Attention::Gqa(attn), ffn)?);
     }
     let (embed, final_norm, lm_head) = d.embeddings(&ld)?;
     Ok(Network {

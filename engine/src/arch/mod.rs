@@ -123,6 +123,28 @@ pub struct Layer {
 }
 
 impl Layer {
+    /// A pre-norm decoder layer under the Hub's names shared by every family:
+    /// `{prefix}.input_layernorm` before the attention, `{prefix}.post_attention_layernorm`
+    /// before the feed-forward.
+    pub fn load(
+        ld: &blocks::Loader,
+        prefix: &str,
+        d: &CommonDims,
+        attn: Attention,
+        ffn: Ffn,
+    ) -> Result<Layer> {
+        Ok(Layer {
+            attn_norm: ld.norm(&format!("{prefix}.input_layernorm.weight"), d.hidden, d.eps)?,
+            attn,
+            ffn_norm: ld.norm(
+                &format!("{prefix}.post_attention_layernorm.weight"),
+                d.hidden,
+                d.eps,
+            )?,
+            ffn,
+        })
+    }
+
     /// One pre-norm decoder layer over the rows `x` (updated in place), using cache layer
     /// `cache_layer` of every sequence. `sel` carries the DSA selection between layers.
     pub fn forward(

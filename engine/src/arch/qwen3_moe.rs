@@ -73,16 +73,7 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
         } else {
             Ffn::Dense(ld.mlp(&format!("{p}.mlp"), names, d.hidden, dense_inter)?)
         };
-        layers.push(Layer {
-            attn_norm: ld.norm(&format!("{p}.input_layernorm.weight"), d.hidden, d.eps)?,
-            attn: Attention::Gqa(attn),
-            ffn_norm: ld.norm(
-                &format!("{p}.post_attention_layernorm.weight"),
-                d.hidden,
-                d.eps,
-            )?,
-            ffn,
-        });
+        layers.push(Layer::load(&ld, &p, &d, Attention::Gqa(attn), ffn)?);
     }
     let (embed, final_norm, lm_head) = d.embeddings(&ld)?;
     Ok(Network {

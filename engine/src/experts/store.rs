@@ -233,6 +233,27 @@ struct State {
     entries: HashMap<Key, Entry>,
     resident_bytes: u64,
     hist: UsageHistogram,
+    /// `[layer][expert]` outcomes of demand requests since the store started (counted under
+    /// the state lock `request` already holds, so they cost no extra synchronisation).
+    per_expert: Vec<Vec<ExpertCounts>>,
+}
+
+/// How one expert's demand requests were served since the store started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ExpertCounts {
+    /// Resident and ready.
+    pub hits: u64,
+    /// Resident, its speculative read still in flight.
+    pub inflight_hits: u64,
+    /// Read on demand.
+    pub misses: u64,
+}
+
+impl State {
+    /// The counters of a key [`ExpertStore::check_key`] accepted.
+    fn counts_mut(&mut self, key: Key) -> &mut ExpertCounts {
+        &mut self.per_expert[key.layer as usize][key.expert as usize]
+    }
 }
 
 struct Job {
@@ -406,6 +427,45 @@ impl StoreStats {
     pub fn prefetch_precision(&self) -> f64 {
         frac(self.predicted_correct, self.predicted)
     }
+
+    /// What happened between `before` and `self` (two snapshots of the same store): the
+    /// counters and times are differences; the gauges (budget, capacity, resident experts,
+    /// readers, policy) and the notes are `self`'s, since they describe the store as it is.
+    pub fn since(&self, before: &StoreStats) -> StoreStats {
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        let ds = |a: f64, b: f64| (a - b).max(0.0);
+        StoreStats {
+            policy: self.policy.clone(),
+            budget_bytes: self.budget_bytes,
+            expert_bytes: self.expert_bytes,
+            capacity_experts: self.capacity_experts,
+            resident_experts: self.resident_experts,
+            resident_bytes: self.resident_bytes,
+            readers: self.readers,
+            requests: d(self.requests, before.requests),
+            hits: d(self.hits, before.hits),
+            inflight_hits: d(self.inflight_hits, before.inflight_hits),
+            misses: d(self.misses, before.misses),
+            bytes_read: d(self.bytes_read, before.bytes_read),
+            reads: d(self.reads, before.reads),
+            direct_reads: d(self.direct_reads, before.direct_reads),
+            read_errors: d(self.read_errors, before.read_errors),
+            read_seconds: ds(self.read_seconds, before.read_seconds),
+            disk_busy_seconds: ds(self.disk_busy_seconds, before.disk_busy_seconds),
+            wait_seconds: ds(self.wait_seconds, before.wait_seconds),
+            prefetch_issued: d(self.prefetch_issued, before.prefetch_issued),
+            prefetch_used: d(self.prefetch_used, before.prefetch_used),
+            prefetch_wasted: d(self.prefetch_wasted, before.prefetch_wasted),
+            preload_issued: d(self.preload_issued, before.preload_issued),
+            preload_bytes: d(self.preload_bytes, before.preload_bytes),
+            evictions: d(self.evictions, before.evictions),
+            tokens: d(self.tokens, before.tokens),
+            predicted: d(self.predicted, before.predicted),
+            predicted_correct: d(self.predicted_correct, before.predicted_correct),
+            predicted_actual: d(self.predicted_actual, before.predicted_actual),
+            notes: self.notes.clone(),
+        }
+    }
 }
 
 fn frac(a: u64, b: u64) -> f64 {
@@ -570,6 +630,10 @@ impl ExpertStore {
         };
         let policy_name = policy.name();
         let readers = cfg.readers.max(1);
+        let per_expert = plans
+            .iter()
+            .map(|row| vec![ExpertCounts::default(); row.len()])
+            .collect();
         let shared = Arc::new(Shared {
             files: disk,
             plans,
@@ -578,6 +642,7 @@ impl ExpertStore {
                 entries: HashMap::new(),
                 resident_bytes: 0,
                 hist,
+                per_expert,
             }),
             jobs: Mutex::new(Jobs::default()),
             jobs_cv: Condvar::new(),
@@ -651,7 +716,7 @@ impl ExpertStore {
                 entry.speculative = false;
                 s.c.prefetch_used.fetch_add(1, Ordering::Relaxed);
             }
-            return Ok(match &entry.slot {
+            let ticket = match &entry.slot {
                 Slot::Ready(b) => {
                     s.c.hits.fetch_add(1, Ordering::Relaxed);
                     Ticket::Ready(b.clone())
@@ -662,9 +727,16 @@ impl ExpertStore {
                     lock(&s.jobs).promote(&p);
                     Ticket::Wait(key, PendingHandle(p))
                 }
-            });
+            };
+            let n = st.counts_mut(key);
+            match ticket {
+                Ticket::Ready(_) => n.hits += 1,
+                Ticket::Wait(..) => n.inflight_hits += 1,
+            }
+            return Ok(ticket);
         }
         s.c.misses.fetch_add(1, Ordering::Relaxed);
+        st.counts_mut(key).misses += 1;
         let p = Pending::new();
         if st.policy.contains(key) {
             st.entries.insert(
@@ -839,6 +911,23 @@ impl ExpertStore {
 
     pub fn save_histogram(&self, path: &Path) -> Result<()> {
         self.histogram().save(path)
+    }
+
+    /// Per-expert outcomes of the demand requests since the store started (not the
+    /// persisted history: see [`ExpertStore::histogram`]), for every expert requested at
+    /// least once, in (layer, expert) order. They add up to the `hits`, `inflight_hits` and
+    /// `misses` of [`ExpertStore::stats`].
+    pub fn expert_counts(&self) -> Vec<(Key, ExpertCounts)> {
+        let st = lock(&self.shared.state);
+        let mut out = Vec::new();
+        for (l, row) in st.per_expert.iter().enumerate() {
+            for (e, c) in row.iter().enumerate() {
+                if *c != ExpertCounts::default() {
+                    out.push((Key::new(l, e), *c));
+                }
+            }
+        }
+        out
     }
 
     pub fn stats(&self) -> StoreStats {
@@ -1396,6 +1485,53 @@ mod tests {
         let h = store.histogram();
         assert_eq!(h.get(Key::new(1, 3)), 3);
         assert_eq!(h.total(), 24);
+    }
+
+    #[test]
+    fn per_expert_counts_add_up_to_the_totals_and_since_subtracts() {
+        let dir = test_dir();
+        let (specs, len) = specs(2, 4, 5000);
+        let path = make_file(dir.path(), len);
+        let store = open(&path, &specs, 2, true, 2, "lru", UsageHistogram::new(2, 4));
+        let before = store.stats();
+        // Layer 0: experts 0, 1, 0, 0 (one miss each, then hits); layer 1: 3 twice; a
+        // prefetched expert demanded counts as a hit of some kind (ready or in flight).
+        for e in [0, 1, 0, 0] {
+            store.get(Key::new(0, e)).unwrap();
+        }
+        for _ in 0..2 {
+            store.get(Key::new(1, 3)).unwrap();
+        }
+        store.prefetch(1, &[2]);
+        store.get(Key::new(1, 2)).unwrap();
+        let st = store.stats();
+        let counts = store.expert_counts();
+        let keys: Vec<Key> = counts.iter().map(|(k, _)| *k).collect();
+        assert_eq!(
+            keys,
+            [
+                Key::new(0, 0),
+                Key::new(0, 1),
+                Key::new(1, 2),
+                Key::new(1, 3)
+            ]
+        );
+        let get = |k: Key| counts.iter().find(|(x, _)| *x == k).unwrap().1;
+        assert_eq!(get(Key::new(0, 1)).misses, 1);
+        assert_eq!(get(Key::new(1, 2)).misses, 0);
+        let sum = |f: fn(&ExpertCounts) -> u64| counts.iter().map(|(_, c)| f(c)).sum::<u64>();
+        assert_eq!(sum(|c| c.hits), st.hits);
+        assert_eq!(sum(|c| c.inflight_hits), st.inflight_hits);
+        assert_eq!(sum(|c| c.misses), st.misses);
+        assert_eq!(st.requests, 7);
+        let d = st.since(&before);
+        assert_eq!(d, st, "nothing happened before: the delta is the whole");
+        let later = store.stats();
+        store.get(Key::new(0, 1)).unwrap();
+        let d = store.stats().since(&later);
+        assert_eq!((d.requests, d.tokens, d.prefetch_issued), (1, 0, 0));
+        assert_eq!(d.hits + d.inflight_hits + d.misses, 1);
+        assert_eq!(d.capacity_experts, 2);
     }
 
     #[test]

@@ -13,6 +13,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // Keeps GenerateEvent's Finished variant (one per stream) from making every Tokens
+        // event as large as the expert cache's statistics.
+        .boxed(".colibri.v1.GenerationStats.expert_cache")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! The in-process path (`--local`): load the model in this process and drive the engine's
 //! own [`Generation`] state machine, exactly as the daemon's scheduler does for one session.
 
-use crate::output::{print_score, RunSink, RunStats};
+use crate::output::{expert_report, print_score, RunSink, RunStats};
 use crate::progress;
 use crate::run::{PromptSpec, RunArgs, ScoreArgs};
 use anyhow::Context;
@@ -137,6 +137,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         decode_s: (end - first).as_secs_f64(),
         seed,
         expert_cache_hit_rate: store.as_ref().map(|s| s.hit_rate()),
+        expert_cache: store,
         ..Default::default()
     }
     .with_rates();
@@ -147,17 +148,8 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     sink.finish(reason, &stats)?;
     if args.stats {
         eprintln!("{} (finish: {reason})", stats.summary());
-        if let Some(st) = &store {
-            eprintln!(
-                "experts: hit {:.1}%, {:.2} MB read per token, disk {:.2} GB/s, waited {:.2} s on reads of {:.2} s decoding, prefetch recall {:.0}% precision {:.0}%",
-                st.hit_rate() * 100.0,
-                st.bytes_per_token() / 1e6,
-                st.disk_gbps(),
-                st.wait_seconds,
-                stats.prefill_s + stats.decode_s,
-                st.prefetch_recall() * 100.0,
-                st.prefetch_precision() * 100.0
-            );
+        if let Some(st) = &stats.expert_cache {
+            eprint!("{}", expert_report(st, stats.prefill_s + stats.decode_s));
         }
         match &spec.disabled {
             Some(why) if spec.drafted == 0 => eprintln!("speculation: off ({why})"),

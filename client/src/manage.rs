@@ -2,7 +2,9 @@
 //! Each prints text for people or, with `--output json`, one JSON document for scripts.
 
 use crate::daemon_discovery::{self, Client, RpcResult};
-use crate::output::{fmt_bytes, fmt_secs, print_json, print_table, OutputFormat};
+use crate::output::{
+    expert_key_figures, fmt_bytes, fmt_secs, print_json, print_table, OutputFormat,
+};
 use crate::remote::{load_model, model_id};
 use crate::Global;
 use anyhow::{anyhow, bail};
@@ -152,7 +154,21 @@ pub fn cache_json(c: &pb::ExpertCacheStats) -> Value {
         "budget_bytes": c.budget_bytes, "used_bytes": c.used_bytes, "hits": c.hits,
         "misses": c.misses, "hit_rate": c.hit_rate, "bytes_read": c.bytes_read,
         "resident_experts": c.resident_experts, "pinned_experts": c.pinned_experts,
-        "total_experts": c.total_experts,
+        "total_experts": c.total_experts, "streamed": c.streamed, "policy": c.policy,
+        "readers": c.readers, "capacity_experts": c.capacity_experts,
+        "expert_bytes": c.expert_bytes, "requests": c.requests,
+        "inflight_hits": c.inflight_hits, "evictions": c.evictions, "tokens": c.tokens,
+        "bytes_per_token": c.bytes_per_token, "reads": c.reads,
+        "direct_reads": c.direct_reads, "read_errors": c.read_errors,
+        "read_seconds": c.read_seconds, "disk_busy_seconds": c.disk_busy_seconds,
+        "read_wait_seconds": c.read_wait_seconds,
+        "disk_read_gb_per_s": c.disk_read_gb_per_s, "forward_seconds": c.forward_seconds,
+        "prefetch_issued": c.prefetch_issued, "prefetch_used": c.prefetch_used,
+        "prefetch_wasted": c.prefetch_wasted, "predicted": c.predicted,
+        "predicted_correct": c.predicted_correct, "predicted_actual": c.predicted_actual,
+        "prefetch_recall": c.prefetch_recall, "prefetch_precision": c.prefetch_precision,
+        "preload_issued": c.preload_issued, "preload_bytes": c.preload_bytes,
+        "notes": c.notes,
     })
 }
 
@@ -245,6 +261,20 @@ fn models_table(models: &[pb::ModelStatus]) -> std::io::Result<()> {
     )
 }
 
+/// The key figures of each streamed model's expert cache since load.
+fn expert_cache_lines(models: &[pb::ModelStatus]) {
+    for m in models {
+        let Some(c) = m.expert_cache.as_ref().filter(|c| c.streamed) else {
+            continue;
+        };
+        let id = m.info.as_ref().map(|i| i.id.as_str()).unwrap_or("?");
+        println!(
+            "experts of {id}: {}",
+            expert_key_figures(&colibri_daemon::convert::store_stats(c))
+        );
+    }
+}
+
 fn sessions_table(sessions: &[pb::SessionInfo]) -> std::io::Result<()> {
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -313,6 +343,7 @@ pub fn status(global: &Global, args: InfoArgs) -> anyhow::Result<()> {
     } else {
         println!();
         models_table(&s.models)?;
+        expert_cache_lines(&s.models);
     }
     if !s.sessions.is_empty() {
         println!();
@@ -334,7 +365,9 @@ pub fn ps(global: &Global, args: InfoArgs) -> anyhow::Result<()> {
         println!("no model loaded");
         return Ok(());
     }
-    Ok(models_table(&r.models)?)
+    models_table(&r.models)?;
+    expert_cache_lines(&r.models);
+    Ok(())
 }
 
 pub fn load(global: &Global, args: LoadArgs) -> anyhow::Result<()> {

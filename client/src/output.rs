@@ -2,6 +2,7 @@
 //! Both the in-process path and the daemon path feed the same sink, so the two print
 //! identically.
 
+use colibri_engine::experts::StoreStats;
 use serde::Serialize;
 use std::io::{self, Write};
 
@@ -40,6 +41,10 @@ pub struct RunStats {
     /// Expert cache hits / lookups during the request (daemon runs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expert_cache_hit_rate: Option<f64>,
+    /// The expert cache's statistics over the run (streamed experts only); through the
+    /// daemon, the change while the request ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expert_cache: Option<StoreStats>,
 }
 
 impl RunStats {
@@ -69,6 +74,31 @@ impl RunStats {
             self.seed
         )
     }
+}
+
+/// The expert cache's key figures on one line (`coli run --stats`, `coli status`).
+pub fn expert_key_figures(st: &StoreStats) -> String {
+    format!(
+        "hit {:.1}%, {:.2} MB/token, disk {:.2} GB/s, prefetch recall {:.0}% precision {:.0}%",
+        st.hit_rate() * 100.0,
+        st.bytes_per_token() / 1e6,
+        st.disk_gbps(),
+        st.prefetch_recall() * 100.0,
+        st.prefetch_precision() * 100.0
+    )
+}
+
+/// What `coli run --stats` prints about the expert cache, the same in-process and through
+/// the daemon: the key figures and the time blocked on reads against `running_s` (the time
+/// the run spent in the engine), then the store's own report (its `Display`).
+pub fn expert_report(st: &StoreStats, running_s: f64) -> String {
+    format!(
+        "experts: {}, waited {:.2} s on reads of {:.2} s running ({:.2} s computing)\n{st}",
+        expert_key_figures(st),
+        st.wait_seconds,
+        running_s,
+        (running_s - st.wait_seconds).max(0.0)
+    )
 }
 
 fn rate(n: usize, secs: f64) -> f64 {

@@ -3,7 +3,7 @@
 
 use crate::daemon_discovery::{status_error, Client, RpcResult};
 use crate::local;
-use crate::output::{print_argmax, print_score, RunSink, RunStats};
+use crate::output::{expert_report, print_argmax, print_score, RunSink, RunStats};
 use crate::progress;
 use crate::run::{PromptSpec, RunArgs, SamplingArgs, ScoreArgs};
 use anyhow::{anyhow, Context};
@@ -143,6 +143,10 @@ pub fn run_stats(s: &pb::GenerationStats, seed: u64) -> RunStats {
         cached_tokens: Some(s.cached_tokens as usize),
         queue_ms: Some(s.queue_ms),
         expert_cache_hit_rate: Some(s.expert_cache_hit_rate),
+        expert_cache: s
+            .expert_cache
+            .as_ref()
+            .map(|c| colibri_daemon::convert::store_stats(c)),
     }
 }
 
@@ -172,11 +176,17 @@ pub async fn run(client: &mut Client, args: &RunArgs) -> anyhow::Result<()> {
         match ev.event {
             Some(Event::Tokens(t)) => sink.tokens(&t.ids, &t.text)?,
             Some(Event::Finished(f)) => {
-                let stats = run_stats(&f.stats.unwrap_or_default(), seed);
+                let pb_stats = f.stats.unwrap_or_default();
+                let stats = run_stats(&pb_stats, seed);
                 let reason = finish_reason(f.reason);
                 sink.finish(reason, &stats)?;
                 if args.stats {
                     eprintln!("{} (finish: {reason})", stats.summary());
+                    // The engine's time in forward passes while the request ran: the daemon's
+                    // counterpart of the in-process run's prefill + decode time.
+                    if let (Some(st), Some(c)) = (&stats.expert_cache, &pb_stats.expert_cache) {
+                        eprint!("{}", expert_report(st, c.forward_seconds));
+                    }
                 }
                 return Ok(());
             }

@@ -1,6 +1,7 @@
 //! Between the wire (colibri.v1) and the engine: request fields to engine types, engine
 //! errors to gRPC status codes.
 
+use colibri_engine::experts::StoreStats;
 use colibri_engine::{Error, FinishReason, SamplingParams};
 use colibri_proto::v1 as pb;
 use tonic::{Code, Status};
@@ -80,6 +81,88 @@ pub fn model_info(id: &str, m: &colibri_engine::Model) -> pb::ModelInfo {
     }
 }
 
+/// The expert store's statistics on the wire; `forward_seconds` is the engine's time in
+/// forward passes over the same span. `pinned_experts` and `total_experts` are the
+/// daemon's to fill.
+pub fn expert_cache_stats(st: &StoreStats, forward_seconds: f64) -> pb::ExpertCacheStats {
+    pb::ExpertCacheStats {
+        budget_bytes: st.budget_bytes,
+        used_bytes: st.resident_bytes,
+        hits: st.hits + st.inflight_hits,
+        misses: st.misses,
+        hit_rate: st.hit_rate(),
+        bytes_read: st.bytes_read,
+        resident_experts: st.resident_experts as u32,
+        pinned_experts: 0,
+        total_experts: 0,
+        streamed: true,
+        policy: st.policy.clone(),
+        readers: st.readers as u32,
+        capacity_experts: st.capacity_experts as u32,
+        expert_bytes: st.expert_bytes,
+        requests: st.requests,
+        inflight_hits: st.inflight_hits,
+        evictions: st.evictions,
+        tokens: st.tokens,
+        bytes_per_token: st.bytes_per_token(),
+        reads: st.reads,
+        direct_reads: st.direct_reads,
+        read_errors: st.read_errors,
+        read_seconds: st.read_seconds,
+        disk_busy_seconds: st.disk_busy_seconds,
+        read_wait_seconds: st.wait_seconds,
+        disk_read_gb_per_s: st.disk_gbps(),
+        forward_seconds,
+        prefetch_issued: st.prefetch_issued,
+        prefetch_used: st.prefetch_used,
+        prefetch_wasted: st.prefetch_wasted,
+        predicted: st.predicted,
+        predicted_correct: st.predicted_correct,
+        predicted_actual: st.predicted_actual,
+        prefetch_recall: st.prefetch_recall(),
+        prefetch_precision: st.prefetch_precision(),
+        preload_issued: st.preload_issued,
+        preload_bytes: st.preload_bytes,
+        notes: st.notes.clone(),
+    }
+}
+
+/// The engine's statistics back from the wire (what a client prints with their `Display`,
+/// exactly as the in-process path does). The derived figures (rates) are recomputed.
+pub fn store_stats(c: &pb::ExpertCacheStats) -> StoreStats {
+    StoreStats {
+        policy: c.policy.clone(),
+        budget_bytes: c.budget_bytes,
+        expert_bytes: c.expert_bytes,
+        capacity_experts: c.capacity_experts as usize,
+        resident_experts: c.resident_experts as usize,
+        resident_bytes: c.used_bytes,
+        readers: c.readers as usize,
+        requests: c.requests,
+        hits: c.hits.saturating_sub(c.inflight_hits),
+        inflight_hits: c.inflight_hits,
+        misses: c.misses,
+        bytes_read: c.bytes_read,
+        reads: c.reads,
+        direct_reads: c.direct_reads,
+        read_errors: c.read_errors,
+        read_seconds: c.read_seconds,
+        disk_busy_seconds: c.disk_busy_seconds,
+        wait_seconds: c.read_wait_seconds,
+        prefetch_issued: c.prefetch_issued,
+        prefetch_used: c.prefetch_used,
+        prefetch_wasted: c.prefetch_wasted,
+        preload_issued: c.preload_issued,
+        preload_bytes: c.preload_bytes,
+        evictions: c.evictions,
+        tokens: c.tokens,
+        predicted: c.predicted,
+        predicted_correct: c.predicted_correct,
+        predicted_actual: c.predicted_actual,
+        notes: c.notes.clone(),
+    }
+}
+
 /// A status whose message starts with the offending field, as every validation error does.
 pub fn invalid(field: &str, msg: impl std::fmt::Display) -> Status {
     Status::new(
@@ -93,4 +176,53 @@ pub fn now_unix_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every statistic survives the wire: distinct values in, the same struct out.
+    #[test]
+    fn store_stats_round_trip_through_the_proto() {
+        let st = StoreStats {
+            policy: "pinned-lrfu:4".into(),
+            budget_bytes: 1,
+            expert_bytes: 2,
+            capacity_experts: 3,
+            resident_experts: 4,
+            resident_bytes: 5,
+            readers: 6,
+            requests: 7,
+            hits: 8,
+            inflight_hits: 9,
+            misses: 10,
+            bytes_read: 11,
+            reads: 12,
+            direct_reads: 13,
+            read_errors: 14,
+            read_seconds: 15.5,
+            disk_busy_seconds: 16.5,
+            wait_seconds: 17.5,
+            prefetch_issued: 18,
+            prefetch_used: 19,
+            prefetch_wasted: 20,
+            preload_issued: 21,
+            preload_bytes: 22,
+            evictions: 23,
+            tokens: 24,
+            predicted: 25,
+            predicted_correct: 26,
+            predicted_actual: 27,
+            notes: vec!["a note".into()],
+        };
+        let c = expert_cache_stats(&st, 3.0);
+        assert_eq!(store_stats(&c), st);
+        assert_eq!((c.hits, c.forward_seconds), (17, 3.0));
+        assert_eq!(c.bytes_per_token, st.bytes_per_token());
+        assert_eq!(c.disk_read_gb_per_s, st.disk_gbps());
+        assert_eq!(c.prefetch_recall, st.prefetch_recall());
+        assert_eq!(c.prefetch_precision, st.prefetch_precision());
+        assert_eq!(store_stats(&c).to_string(), st.to_string());
+    }
 }

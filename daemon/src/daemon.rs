@@ -521,29 +521,21 @@ impl Daemon {
             steps: p.steps,
             tokens_generated: p.tokens_generated,
             tokens_prefilled: p.tokens_prefilled,
-            expert_cache: Some(expert_cache_stats(h, pinned)),
+            expert_cache: Some(expert_cache_stats(h, pinned, p.forward_seconds)),
             keep_alive_seconds: self.cfg.keep_alive.map(|d| d.as_secs_f64()).unwrap_or(0.0),
         }
     }
 }
 
-/// The expert cache's counters (zeros but the totals when experts are not streamed).
-fn expert_cache_stats(h: &ModelHandle, pinned: u32) -> pb::ExpertCacheStats {
-    let mut c = pb::ExpertCacheStats {
-        pinned_experts: pinned,
-        total_experts: h.experts_per_layer.iter().sum::<usize>() as u32,
-        ..Default::default()
+/// The expert cache's statistics since load (zeros but the totals when experts are not
+/// streamed).
+fn expert_cache_stats(h: &ModelHandle, pinned: u32, forward_seconds: f64) -> pb::ExpertCacheStats {
+    let mut c = match &h.streaming {
+        Some(s) => convert::expert_cache_stats(&s.stats(), forward_seconds),
+        None => pb::ExpertCacheStats::default(),
     };
-    if let Some(s) = &h.streaming {
-        let st = s.stats();
-        c.budget_bytes = st.budget_bytes;
-        c.used_bytes = st.resident_bytes;
-        c.hits = st.hits + st.inflight_hits;
-        c.misses = st.misses;
-        c.hit_rate = st.hit_rate();
-        c.bytes_read = st.bytes_read;
-        c.resident_experts = st.resident_experts as u32;
-    }
+    c.pinned_experts = pinned;
+    c.total_experts = h.experts_per_layer.iter().sum::<usize>() as u32;
     c
 }
 

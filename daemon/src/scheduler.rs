@@ -15,6 +15,7 @@
 use crate::convert::{self, now_unix_ms, status_from_engine};
 use crate::snapshot::{self, SessionMeta, SnapshotError, SnapshotMessage};
 use crate::state::{self, StateDir};
+use colibri_engine::experts::StoreStats;
 use colibri_engine::text::ChatMessage;
 use colibri_engine::{
     FinishReason, GenerateRequest, Generation, KvCache, LogitsWanted, Model, SamplingParams,
@@ -112,6 +113,8 @@ pub struct Published {
     pub steps: u64,
     pub tokens_generated: u64,
     pub tokens_prefilled: u64,
+    /// Seconds spent in `Model::forward` since load.
+    pub forward_seconds: f64,
     /// Since when nothing has run (None while busy).
     pub idle_since: Option<Instant>,
 }
@@ -173,8 +176,9 @@ struct GenRow {
     arrived: Instant,
     admitted: Option<Instant>,
     first_token: Option<Instant>,
-    /// Expert cache (served, looked up) counters when the row was admitted.
-    cache_at_admission: (u64, u64),
+    /// The expert cache's statistics and the engine's forward time when the row was
+    /// admitted (None when experts are not streamed): its Finished stats are the change.
+    cache_at_admission: Option<(StoreStats, Duration)>,
 }
 
 struct ScoreRow {
@@ -222,6 +226,8 @@ pub struct Engine {
     steps: u64,
     tokens_generated: u64,
     tokens_prefilled: u64,
+    /// Time spent in `Model::forward`.
+    forward_time: Duration,
     idle_since: Option<Instant>,
 }
 
@@ -250,6 +256,7 @@ impl Engine {
             steps: 0,
             tokens_generated: 0,
             tokens_prefilled: 0,
+            forward_time: Duration::ZERO,
             idle_since: Some(Instant::now()),
         }
     }
@@ -614,7 +621,7 @@ impl Engine {
             arrived: job.arrived,
             admitted: None,
             first_token: None,
-            cache_at_admission: (0, 0),
+            cache_at_admission: None,
         })
     }
 
@@ -667,7 +674,7 @@ impl Engine {
             };
             if let Row::Gen(g) = &mut row {
                 g.admitted = Some(Instant::now());
-                g.cache_at_admission = self.cache_counters();
+                g.cache_at_admission = self.store_stats().map(|st| (st, self.forward_time));
             }
             self.active.push(row);
         }
@@ -726,7 +733,12 @@ impl Engine {
             }
             // A bug in a kernel must not take the daemon down: the rows of this batch fail,
             // everyone else carries on.
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model.forward(&mut steps)))
+            let t = Instant::now();
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                model.forward(&mut steps)
+            }));
+            self.forward_time += t.elapsed();
+            r
         };
         self.steps += 1;
         let out = match result {
@@ -857,6 +869,16 @@ impl Engine {
                     };
                     let admitted = g.admitted.unwrap_or(now);
                     let first = g.first_token;
+                    let expert_cache = match (&g.cache_at_admission, self.store_stats()) {
+                        (Some((before, t0)), Some(after)) => {
+                            let forward = self.forward_time.saturating_sub(*t0);
+                            Some(Box::new(convert::expert_cache_stats(
+                                &after.since(before),
+                                forward.as_secs_f64(),
+                            )))
+                        }
+                        _ => None,
+                    };
                     let stats = pb::GenerationStats {
                         prompt_tokens: g.prompt_tokens as u32,
                         cached_tokens: g.cached_tokens as u32,
@@ -871,15 +893,11 @@ impl Engine {
                         queue_ms: ms(admitted.saturating_duration_since(g.arrived)),
                         total_ms: ms(now - g.arrived),
                         // The cache is shared: lookups of rows batched with this one count too.
-                        expert_cache_hit_rate: {
-                            let (h0, l0) = g.cache_at_admission;
-                            let (h1, l1) = self.cache_counters();
-                            if l1 > l0 {
-                                (h1 - h0) as f64 / (l1 - l0) as f64
-                            } else {
-                                0.0
-                            }
-                        },
+                        expert_cache_hit_rate: expert_cache
+                            .as_ref()
+                            .map(|c| c.hit_rate)
+                            .unwrap_or(0.0),
+                        expert_cache,
                     };
                     let _ = g.events.send(Ok(pb::GenerateEvent {
                         event: Some(Event::Finished(Finished {
@@ -915,19 +933,9 @@ impl Engine {
         }
     }
 
-    /// (served without a demand read, looked up) of the model's expert cache; zeros when
-    /// experts are not streamed.
-    fn cache_counters(&self) -> (u64, u64) {
-        match colibri_engine::experts::stream::streaming_of(&self.model.net) {
-            Some(s) => {
-                let st = s.stats();
-                (
-                    st.hits + st.inflight_hits,
-                    st.hits + st.inflight_hits + st.misses,
-                )
-            }
-            None => (0, 0),
-        }
+    /// The model's expert cache statistics; None when experts are not streamed.
+    fn store_stats(&self) -> Option<StoreStats> {
+        colibri_engine::experts::stream::streaming_of(&self.model.net).map(|s| s.stats())
     }
 
     fn save_session(&mut self, id: &str) {
@@ -1055,6 +1063,7 @@ impl Engine {
             steps: self.steps,
             tokens_generated: self.tokens_generated,
             tokens_prefilled: self.tokens_prefilled,
+            forward_seconds: self.forward_time.as_secs_f64(),
             idle_since: self.idle_since,
         };
         *self.shared.published.lock().expect("published lock") = p;

@@ -633,23 +633,31 @@ impl Service {
     }
 }
 
-/// Per-expert usage (from the expert cache's usage history when experts are streamed), most
-/// used first, then the pinned experts that were never used.
+/// Per-expert usage (from the expert cache's usage history when experts are streamed) with
+/// the cache's hits and misses since load, most used first, then the pinned experts that
+/// were never used.
 fn expert_usage(
     h: &crate::daemon::ModelHandle,
     pins: &std::collections::BTreeSet<(u32, u32)>,
 ) -> Vec<pb::ExpertUsage> {
     let mut out: Vec<pb::ExpertUsage> = Vec::new();
     if let Some(s) = &h.streaming {
+        // Every demand request is counted in the history too, so its keys cover the counts'.
+        let counts: std::collections::HashMap<Key, _> =
+            s.store.expert_counts().into_iter().collect();
         let mut used = s.store.histogram().nonzero();
         used.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        out.extend(used.into_iter().map(|(k, n)| pb::ExpertUsage {
-            layer: k.layer,
-            expert: k.expert,
-            uses: n,
-            resident: s.store.contains(k),
-            pinned: pins.contains(&(k.layer, k.expert)),
-            ..Default::default()
+        out.extend(used.into_iter().map(|(k, n)| {
+            let c = counts.get(&k).copied().unwrap_or_default();
+            pb::ExpertUsage {
+                layer: k.layer,
+                expert: k.expert,
+                uses: n,
+                hits: c.hits + c.inflight_hits,
+                misses: c.misses,
+                resident: s.store.contains(k),
+                pinned: pins.contains(&(k.layer, k.expert)),
+            }
         }));
     }
     for &(layer, expert) in pins {

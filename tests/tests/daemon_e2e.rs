@@ -496,7 +496,7 @@ async fn two_turns(p: &Place, session: &str, restart: bool) -> (Run, Run) {
     req.options.as_mut().unwrap().return_logits = true;
     let second = generate(&mut c, req).await.unwrap();
     // No re-prefill: only the pending token and the new prompt were fed.
-    let stats = second.stats.unwrap();
+    let stats = second.stats.clone().unwrap();
     assert_eq!(stats.cached_tokens as usize, r.prompt_ids.len() + 5);
     assert_eq!(stats.prompt_tokens as usize, 1 + turn2.len());
     (first, second)
@@ -905,7 +905,7 @@ async fn streamed_experts_give_the_same_tokens_and_report_cache_statistics() {
     let hit = run.stats.unwrap().expert_cache_hit_rate;
     assert!(hit > 0.0 && hit < 1.0, "per-request hit rate {hit}");
     let st = c.status(pb::StatusRequest {}).await.unwrap().into_inner();
-    let cache = st.models[0].expert_cache.unwrap();
+    let cache = st.models[0].expert_cache.clone().unwrap();
     assert_eq!(cache.budget_bytes, 256 << 10);
     assert!(cache.misses > 0 && cache.bytes_read > 0, "{cache:?}");
     assert!(cache.hit_rate > 0.0 && cache.hit_rate < 1.0, "{cache:?}");
@@ -953,4 +953,192 @@ async fn streamed_experts_give_the_same_tokens_and_report_cache_statistics() {
         "expected pins and usage history in {}: {saved:?}",
         models.display()
     );
+}
+
+/// The invariants one `ExpertCacheStats` must satisfy, whatever span it covers. (A
+/// speculative read may still be running when a request finishes: read-side counters are
+/// checked exactly only once the cache has settled, by `settled_cache`.)
+fn check_cache_stats(c: &pb::ExpertCacheStats) {
+    assert!(c.streamed, "{c:?}");
+    assert_eq!(c.requests, c.hits + c.misses, "{c:?}");
+    assert!(c.inflight_hits <= c.hits, "{c:?}");
+    let hit_rate = c.hits as f64 / c.requests as f64;
+    assert!((c.hit_rate - hit_rate).abs() < 1e-12, "{c:?}");
+    // Every miss is read (and waited for before the span ends).
+    assert!(c.misses <= c.reads, "{c:?}");
+    assert!(
+        c.prefetch_used + c.prefetch_wasted <= c.prefetch_issued + c.preload_issued,
+        "{c:?}"
+    );
+    assert_eq!(c.read_errors, 0, "{c:?}");
+    let per_token = c.bytes_read as f64 / c.tokens as f64;
+    assert!((c.bytes_per_token - per_token).abs() < 1e-9, "{c:?}");
+    assert!(c.disk_busy_seconds > 0.0 && c.read_seconds > 0.0, "{c:?}");
+    let gbps = c.bytes_read as f64 / c.disk_busy_seconds / 1e9;
+    assert!((c.disk_read_gb_per_s - gbps).abs() < 1e-9, "{c:?}");
+    // Reads are waited for inside forward passes.
+    assert!(c.forward_seconds > 0.0, "{c:?}");
+    assert!(c.read_wait_seconds <= c.forward_seconds, "{c:?}");
+    // The next layer's router predicts (prefetch is on by default): scored, within [0, 1].
+    assert!(c.predicted > 0 && c.predicted_actual > 0, "{c:?}");
+    assert!(c.predicted_correct <= c.predicted.min(c.predicted_actual));
+    let recall = c.predicted_correct as f64 / c.predicted_actual as f64;
+    let precision = c.predicted_correct as f64 / c.predicted as f64;
+    assert!((c.prefetch_recall - recall).abs() < 1e-12, "{c:?}");
+    assert!((c.prefetch_precision - precision).abs() < 1e-12, "{c:?}");
+    assert!((0.0..=1.0).contains(&c.prefetch_recall), "{c:?}");
+    assert!((0.0..=1.0).contains(&c.prefetch_precision), "{c:?}");
+    assert!(c.resident_experts <= c.capacity_experts, "{c:?}");
+    assert!(c.used_bytes <= c.budget_bytes, "{c:?}");
+    assert!(c.policy.starts_with("lrfu"), "the default policy: {c:?}");
+    assert_eq!(c.readers, 4, "{c:?}");
+}
+
+/// The model's expert cache once no read is running (two snapshots agree), with the
+/// read-side invariants checked.
+async fn settled_cache(c: &mut ColibriClient<Channel>) -> pb::ExpertCacheStats {
+    let snap = |st: pb::StatusResponse| st.models[0].expert_cache.clone().unwrap();
+    let mut last = snap(c.status(pb::StatusRequest {}).await.unwrap().into_inner());
+    let t = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = snap(c.status(pb::StatusRequest {}).await.unwrap().into_inner());
+        // Busy time grows while a read runs.
+        let same = (now.reads, now.bytes_read, now.disk_busy_seconds)
+            == (last.reads, last.bytes_read, last.disk_busy_seconds);
+        last = now;
+        if same {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "reads never settle");
+    }
+    let c = last;
+    check_cache_stats(&c);
+    // Every read was a miss, a prefetch or a preload (a speculative read evicted before
+    // it started is skipped).
+    assert!(
+        c.reads <= c.misses + c.prefetch_issued + c.preload_issued,
+        "{c:?}"
+    );
+    // A direct read reads the expert's whole aligned buffer; a buffered one only its bytes.
+    assert!(c.bytes_read <= c.reads * c.expert_bytes, "{c:?}");
+    if c.direct_reads == c.reads {
+        assert_eq!(c.bytes_read, c.reads * c.expert_bytes, "{c:?}");
+    } else {
+        assert!(
+            !c.notes.is_empty(),
+            "buffered reads without a note why: {c:?}"
+        );
+    }
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_stats_carry_the_requests_expert_cache_delta_and_expert_stats_add_up() {
+    let p = place();
+    let _d = start(&p, &[]);
+    let mut c = _d.client().await;
+    let r = Reference::load("olmoe");
+    let dir = fixture("olmoe");
+    // Room for 4 of the 16 experts (16 KiB each): every step evicts, prefetches compete.
+    let mut s = c
+        .load_model(pb::LoadModelRequest {
+            model: dir.display().to_string(),
+            expert_cache_bytes: Some(4 * 16384),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut id = String::new();
+    while let Some(m) = s.message().await.unwrap() {
+        if let Some(info) = m.info {
+            id = info.id;
+        }
+    }
+    let n = r.greedy_ids.len();
+    let run = generate(&mut c, greedy(&id, &r.prompt_ids, n as u32))
+        .await
+        .unwrap();
+    assert_eq!(run.ids, r.greedy_ids, "streamed experts changed the output");
+    let stats = run.stats.unwrap();
+    let first = stats
+        .expert_cache
+        .clone()
+        .expect("Finished.stats.expert_cache");
+    check_cache_stats(&first);
+    assert_eq!((first.expert_bytes, first.capacity_experts), (16384, 4));
+    assert_eq!(first.budget_bytes, 4 * 16384);
+    assert!(first.misses > 0 && first.evictions > 0, "{first:?}");
+    assert_eq!(stats.expert_cache_hit_rate, first.hit_rate);
+    // The store counts the rows that went through the MoE layers: the prompt, then every
+    // generated token but the last (which is never fed back).
+    assert_eq!(
+        first.tokens,
+        (r.prompt_ids.len() + n - 1) as u64,
+        "{first:?}"
+    );
+    // The fixture's 2 layers route each row to 2 of their 8 experts; the store gets one
+    // request per unique expert per layer per step: 2 × 2 per decode step, and at most the
+    // 2 × 8 experts for the prompt's single prefill step.
+    let decode = 4 * (n as u64 - 1);
+    assert!(
+        (decode..=decode + 16).contains(&first.requests),
+        "{first:?}"
+    );
+
+    // The first request since load: its delta is everything the model's cache did (on the
+    // demand side; a speculative read may complete after it).
+    let total = settled_cache(&mut c).await;
+    let counters = |c: &pb::ExpertCacheStats| {
+        [
+            c.requests,
+            c.hits,
+            c.inflight_hits,
+            c.misses,
+            c.tokens,
+            c.evictions,
+            c.prefetch_issued,
+            c.predicted,
+            c.predicted_correct,
+            c.predicted_actual,
+        ]
+    };
+    assert_eq!(counters(&total), counters(&first));
+    assert!(total.forward_seconds >= first.forward_seconds);
+
+    // A second request's delta is its own: the totals are the sum of both.
+    let prompt2 = &r.input_ids[..r.input_ids.len().min(6)];
+    let run2 = generate(&mut c, greedy(&id, prompt2, 3)).await.unwrap();
+    let second = run2.stats.unwrap().expert_cache.unwrap();
+    check_cache_stats(&second);
+    assert_eq!(second.tokens, (prompt2.len() + 3 - 1) as u64, "{second:?}");
+    let total = settled_cache(&mut c).await;
+    let sum: Vec<u64> = counters(&first)
+        .iter()
+        .zip(counters(&second))
+        .map(|(a, b)| a + b)
+        .collect();
+    assert_eq!(counters(&total).to_vec(), sum);
+
+    // Per expert: hits and misses since load add up to the cache's; with a fresh state
+    // folder the usage history is this run's requests.
+    let es = c
+        .expert_stats(pb::ExpertStatsRequest {
+            model: id.clone(),
+            top: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let cache = es.cache.unwrap();
+    assert_eq!(counters(&cache), counters(&total));
+    assert_eq!(es.experts.iter().map(|u| u.hits).sum::<u64>(), cache.hits);
+    assert_eq!(
+        es.experts.iter().map(|u| u.misses).sum::<u64>(),
+        cache.misses
+    );
+    for u in &es.experts {
+        assert_eq!(u.uses, u.hits + u.misses, "{u:?}");
+    }
+    assert!(es.experts.iter().filter(|u| u.misses > 0).count() > 4);
 }

@@ -384,3 +384,116 @@ fn chat_session_is_reattached_after_a_daemon_restart() {
     assert_eq!(sessions["sessions"][0]["id"], id.as_str());
     assert_eq!(sessions["sessions"][0]["messages"], 4);
 }
+
+/// The expert-cache lines of `coli run --stats` (from "experts:" to the store's report's
+/// end), with every number replaced by `#` so runs compare despite their timings.
+fn expert_block(stderr: &str) -> Vec<String> {
+    let lines: Vec<&str> = stderr.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.starts_with("experts: "))
+        .unwrap_or_else(|| panic!("no expert statistics in:\n{stderr}"));
+    lines[start..]
+        .iter()
+        .take_while(|l| !l.starts_with("speculation:"))
+        .map(|l| {
+            let mut out = String::new();
+            for c in l.chars() {
+                if !c.is_ascii_digit() {
+                    out.push(c);
+                } else if !out.ends_with('#') {
+                    out.push('#');
+                }
+            }
+            out
+        })
+        .collect()
+}
+
+/// `coli run --stats` with streamed experts prints the same expert statistics through the
+/// daemon as in-process (the daemon sends the store's statistics; the client prints them
+/// with the engine's own report), and `coli status` shows each model's key figures.
+#[test]
+fn run_stats_print_the_same_expert_block_through_the_daemon_as_local() {
+    let d = Daemon::new();
+    let dir = fixtures().join("olmoe");
+    let r = reference(&dir);
+    let prompt = ids_of(&r["prompt_ids"]);
+    let args = [
+        "run",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        &csv(&prompt),
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "0",
+        "--ignore-eos",
+        "--output",
+        "ids",
+        "--stats",
+        "--expert-cache",
+        "0",
+    ];
+    let remote = d.coli(&args);
+    assert!(
+        remote.status.success(),
+        "{}",
+        String::from_utf8_lossy(&remote.stderr)
+    );
+    let remote_err = String::from_utf8_lossy(&remote.stderr).into_owned();
+    let state = tempfile::tempdir().unwrap();
+    let mut local_args = args.to_vec();
+    local_args.insert(1, "--local");
+    let local = Command::new(env!("CARGO_BIN_EXE_coli"))
+        .args(&local_args)
+        .env("COLI_SOCKET", "/nonexistent/colibri-test.sock")
+        .env("XDG_STATE_HOME", state.path())
+        .env("HOME", state.path())
+        .output()
+        .unwrap();
+    assert!(local.status.success());
+    assert_eq!(remote.stdout, local.stdout, "streamed tokens differ");
+    let block = expert_block(&remote_err);
+    assert_eq!(
+        block,
+        expert_block(&String::from_utf8_lossy(&local.stderr)),
+        "daemon:\n{remote_err}"
+    );
+    let first = &block[0];
+    for want in [
+        "experts: hit #.#%",
+        "#.# MB/token",
+        "disk #.# GB/s",
+        "prefetch recall #%",
+        "waited #.# s on reads",
+    ] {
+        assert!(first.contains(want), "{want:?} missing: {remote_err}");
+    }
+    // Budget 0: nothing is kept, every request is read.
+    assert!(
+        remote_err.contains("hit 0.0%") && remote_err.contains("hit rate 0.0%"),
+        "{remote_err}"
+    );
+    assert!(
+        block.iter().any(|l| l.starts_with("requests #: hit rate")),
+        "{block:?}"
+    );
+
+    let status = d.ok(&["status"]);
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("experts of "))
+        .unwrap_or_else(|| panic!("no expert cache figures in:\n{status}"));
+    for want in ["hit 0.0%", "MB/token", "GB/s", "prefetch recall"] {
+        assert!(line.contains(want), "{want:?} missing: {line}");
+    }
+    let json: Value = serde_json::from_str(&d.ok(&["status", "--output", "json"])).unwrap();
+    let cache = &json["models"][0]["expert_cache"];
+    assert_eq!(cache["streamed"], true, "{cache}");
+    // The prompt and every generated token but the last went through the MoE layers.
+    assert_eq!(cache["tokens"], prompt.len() as u64 + 7, "{cache}");
+    assert_eq!(cache["hits"], 0, "{cache}");
+    assert!(cache["misses"].as_u64().unwrap() > 0, "{cache}");
+}

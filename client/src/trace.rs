@@ -59,6 +59,12 @@ pub struct TraceArgs {
     /// is degenerate. Turn prefetch off with it: the router's prediction no longer applies.
     #[arg(long, value_name = "S,STICKINESS[,SEED]")]
     pub synthetic_routing: Option<String>,
+    /// Benchmarks: feed the ids in FILE (comma or space separated; e.g. from
+    /// tools/streaming/text_ids.py) as the decode steps' inputs, one per step, in place of
+    /// the generated tokens. A random-weight model then routes a real text (its own
+    /// generations are noise). At most --max-tokens of them are fed.
+    #[arg(long, value_name = "FILE", conflicts_with = "synthetic_routing")]
+    pub follow_ids: Option<PathBuf>,
     /// Print the statistics as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -184,9 +190,16 @@ pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
         (None, None) => anyhow::bail!("give --prompt or --prompt-ids"),
     };
     let prompt = local::prompt_ids(&model, &spec)?;
+    let follow = match &a.follow_ids {
+        Some(p) => Some(read_ids(p, model.info.vocab_size)?),
+        None => None,
+    };
+    let max_tokens = follow
+        .as_ref()
+        .map_or(a.max_tokens, |f| f.len().min(a.max_tokens));
     let req = GenerateRequest {
         prompt: prompt.clone(),
-        max_tokens: a.max_tokens,
+        max_tokens,
         sampling: SamplingParams {
             temperature: 0.0,
             ..SamplingParams::default()
@@ -212,7 +225,16 @@ pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
         }];
         let out = model.forward(&mut b)?;
         let logits = (want != LogitsWanted::None).then(|| out[0].as_slice());
-        g.accept(&model, tokens.len(), logits)?;
+        match (&follow, logits) {
+            // The next input is the text's next id, not the model's choice.
+            (Some(f), Some(_)) => {
+                g.accept(&model, tokens.len(), None)?;
+                g.push_token(&model, f[g.generated().len()])?;
+            }
+            _ => {
+                g.accept(&model, tokens.len(), logits)?;
+            }
+        }
         let dt = t.elapsed().as_secs_f64();
         if prefill {
             prefill_s += dt;
@@ -245,6 +267,7 @@ pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
         "peak_rss_bytes": rss,
         "expert_top_p": a.cache.expert_topp,
         "synthetic_routing": a.synthetic_routing,
+        "follow_ids": a.follow_ids.as_ref().map(|p| p.display().to_string()),
     });
     if let Some(s) = &streaming {
         let st = s.stats();
@@ -295,6 +318,27 @@ pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Token ids from a file (comma or white-space separated), each below `vocab`.
+fn read_ids(path: &std::path::Path, vocab: usize) -> anyhow::Result<Vec<u32>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let ids = text
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|w| !w.is_empty())
+        .map(|w| match w.parse::<u32>() {
+            Ok(id) if (id as usize) < vocab => Ok(id),
+            _ => Err(anyhow::anyhow!(
+                "{}: '{w}' is not a token id below the vocabulary size {vocab}",
+                path.display()
+            )),
+        })
+        .collect::<anyhow::Result<Vec<u32>>>()?;
+    if ids.is_empty() {
+        anyhow::bail!("{} holds no token ids", path.display());
+    }
+    Ok(ids)
 }
 
 /// Decode tokens over which the start-up hit rate is measured (the rest is "warm").

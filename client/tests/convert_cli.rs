@@ -153,3 +153,103 @@ fn synth_writes_a_loadable_full_shape_model() {
         "{s}"
     );
 }
+
+/// A synth model's routers follow the tokens in every layer, as a trained model's do: fed a
+/// real text, each layer spreads over the experts and the same word goes to mostly the same
+/// experts. (With all weights at 0.02 the residual stream became one vector common to every
+/// token and the deep layers picked the same 8 experts for a whole generation: a cache
+/// benchmark on such a model measures nothing.)
+#[test]
+fn synth_routing_follows_the_tokens_in_every_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("m");
+    let st = coli()
+        .args(["synth", "--like", "olmoe-1b-7b", "--layers", "4"])
+        .args(["--experts", "int4", "--dense", "int8", "--output"])
+        .arg(&model)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // tools/streaming/text_ids.py --tokens 256: the prompt is its first 32 ids, the decode
+    // steps are fed the rest (--follow-ids), one per step.
+    let text = std::fs::read_to_string(fixture("text_ids_256.txt")).unwrap();
+    let ids: Vec<u32> = text.trim().split(',').map(|v| v.parse().unwrap()).collect();
+    let follow = dir.path().join("follow.txt");
+    let rest: Vec<String> = ids[32..].iter().map(|i| i.to_string()).collect();
+    std::fs::write(&follow, rest.join(" ")).unwrap();
+    let prompt: Vec<String> = ids[..32].iter().map(|i| i.to_string()).collect();
+    let trace = dir.path().join("trace.json");
+    let out = coli()
+        .args(["trace", "--model"])
+        .arg(&model)
+        .args(["--prompt-ids", &prompt.join(","), "--max-tokens", "1000"])
+        .arg("--follow-ids")
+        .arg(&follow)
+        .arg("--output")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    // Decode steps: one row each, fed ids[32], ids[33], ... (all of --follow-ids: it is
+    // shorter than --max-tokens).
+    let steps: Vec<&serde_json::Value> = t["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["rows"] == 1)
+        .collect();
+    assert_eq!(steps.len(), ids.len() - 32 - 1);
+    for layer in 0..4 {
+        let sets: Vec<Vec<u64>> = steps
+            .iter()
+            .map(|s| {
+                let mut e: Vec<u64> = s["layers"][layer]["experts"][0]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_u64().unwrap())
+                    .collect();
+                e.sort();
+                e
+            })
+            .collect();
+        let mut uses = [0usize; 64];
+        sets.iter().flatten().for_each(|&e| uses[e as usize] += 1);
+        let distinct = uses.iter().filter(|&&u| u > 0).count();
+        let top = *uses.iter().max().unwrap() as f64 / sets.len() as f64;
+        // Same word, earlier occurrence: share of the 8 experts both chose.
+        let mut last = std::collections::HashMap::new();
+        let (mut same, mut n) = (0usize, 0usize);
+        for (i, s) in sets.iter().enumerate() {
+            if let Some(&j) = last.get(&ids[32 + i]) {
+                let prev: &Vec<u64> = &sets[j];
+                same += s.iter().filter(|e| prev.contains(e)).count();
+                n += 8;
+            }
+            last.insert(ids[32 + i], i);
+        }
+        let consistency = same as f64 / n as f64;
+        eprintln!(
+            "layer {layer}: {distinct} experts used, the most used by {:.0}% of tokens, same word same expert {:.0}%",
+            100.0 * top,
+            100.0 * consistency
+        );
+        assert!(
+            distinct >= 56,
+            "layer {layer}: only {distinct} of 64 experts used"
+        );
+        assert!(
+            top < 0.5,
+            "layer {layer}: one expert takes {top:.2} of the tokens"
+        );
+        assert!(
+            consistency > 0.6 && consistency < 1.0,
+            "layer {layer}: same-word consistency {consistency:.2}"
+        );
+    }
+}

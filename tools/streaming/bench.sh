@@ -13,7 +13,7 @@ COLI=${COLI:-$PWD/target/release/coli}
 MODEL=${MODEL:-/tmp/colibri-bench/olmoe-synth-int4}
 OUT=${OUT:-/tmp/colibri-bench/out}
 LIMIT=${LIMIT:-2G}
-TOKENS=${TOKENS:-128}
+TOKENS=${TOKENS:-256}
 # A short prompt, so decoding starts from a cold cache.
 IDS=${IDS:-$(seq -s, 100 115)}
 mkdir -p "$OUT"
@@ -56,60 +56,67 @@ unconstrained() {
     "$COLI" "$@" --json > "$OUT/$name.json"
 }
 
+# The decode steps are fed a real text (tools/streaming/text_ids.py: Python's reference
+# documentation, ids by word) instead of the model's own output: a random model's
+# generations are noise, uniform over the vocabulary, while its routers follow the tokens
+# they see (engine/src/synth.rs), so a real text gives the routing real statistics.
+TEXT_A=$OUT/text-a.ids
+TEXT_B=$OUT/text-b.ids
+[ -s "$TEXT_A" ] || python3 tools/streaming/text_ids.py --tokens 1100 > "$TEXT_A"
+[ -s "$TEXT_B" ] || python3 tools/streaming/text_ids.py --tokens 1100 --skip 30000 > "$TEXT_B"
+
 trace() {
-    echo trace --model "$MODEL" --prompt-ids "$IDS" --max-tokens "$TOKENS"
+    echo trace --model "$MODEL" --prompt-ids "$IDS" --max-tokens "$TOKENS" --follow-ids "$TEXT_A"
 }
 
 "$COLI" plan --model "$MODEL"
 sh -c 'echo $$ > "$1/cgroup.procs"; shift; exec "$@"' sh "$CG" "$COLI" plan --model "$MODEL" | tee "$OUT/plan-2g.txt"
 
-# A random-weight model routes degenerately (its deep layers pick the same experts for every
-# token), so every run is done twice: with the model's own routing, and with Zipf-like
-# routing (--synthetic-routing; prefetch off, the router's prediction no longer applies).
-ZIPF=${ZIPF:-0.6,0.3}
-
 # 1. Inside the limit, the default budget and policy, cold start (no history).
-in_cgroup model-2g $(trace) --stream --no-history --output "$OUT/trace-model-2g.json"
-in_cgroup model-2g-noprefetch $(trace) --stream --no-history --no-prefetch
-in_cgroup zipf-2g $(trace) --stream --no-history --no-prefetch --synthetic-routing "$ZIPF" --output "$OUT/trace-zipf-2g.json"
+in_cgroup text-2g $(trace) --stream --no-history --output "$OUT/trace-text-2g.json"
+in_cgroup text-2g-noprefetch $(trace) --stream --no-history --no-prefetch
 # I/O variants: buffered reads, one reader.
-in_cgroup zipf-2g-buffered $(trace) --stream --no-history --no-prefetch --synthetic-routing "$ZIPF" --buffered
-in_cgroup zipf-2g-1reader $(trace) --stream --no-history --no-prefetch --synthetic-routing "$ZIPF" --readers 1
+in_cgroup text-2g-buffered $(trace) --stream --no-history --buffered
+in_cgroup text-2g-1reader $(trace) --stream --no-history --readers 1
 # Other policies, same limit.
-for p in lru lfu-admit arc; do
-    in_cgroup "zipf-2g-$p" $(trace) --stream --no-history --no-prefetch --synthetic-routing "$ZIPF" --policy "$p"
+for p in lru lfu-admit arc lrfu:4; do
+    in_cgroup "text-2g-$p" $(trace) --stream --no-history --policy "$p"
 done
 
 # A long generation: RSS against budget + resident part.
-(TOKENS=512 && in_cgroup zipf-2g-long $(trace) --stream --no-history --no-prefetch --synthetic-routing "$ZIPF")
+(TOKENS=1024 && in_cgroup text-2g-long $(trace) --stream --no-history)
 
-# 2. Second start: a first run writes the usage history, the second loads it (seeded
-# frequencies, the hottest experts preloaded in the background) with other draws of the
-# same routing law, and is measured over its first 32 tokens.
+# 2. Second start: a first run over one text writes the usage history; the second, over
+# another part of the documentation, loads it (seeded frequencies, the hottest experts
+# preloaded in the background) and is measured over its first 32 tokens.
 for p in lrfu pinned-lrfu; do
-    [ -s "$OUT/zipf-history2-$p.json" ] || rm -rf "$OUT/state-$p" "$OUT/zipf-history1-$p.json"
-    in_cgroup "zipf-history1-$p" $(trace) --stream --no-prefetch --synthetic-routing "$ZIPF,1" --state-dir "$OUT/state-$p" --policy "$p"
-    in_cgroup "zipf-history2-$p" $(trace) --stream --no-prefetch --synthetic-routing "$ZIPF,2" --state-dir "$OUT/state-$p" --policy "$p"
+    [ -s "$OUT/text-history2-$p.json" ] || rm -rf "$OUT/state-$p" "$OUT/text-history1-$p.json"
+    in_cgroup "text-history1-$p" $(trace) --stream --state-dir "$OUT/state-$p" --policy "$p"
+    (IDS=$(seq -s, 200 215) && in_cgroup "text-history2-$p" trace --model "$MODEL" --prompt-ids "$IDS" \
+        --max-tokens "$TOKENS" --follow-ids "$TEXT_B" --stream --state-dir "$OUT/state-$p" --policy "$p")
 done
-[ -s "$OUT/model-history2.json" ] || rm -rf "$OUT/state-model" "$OUT/model-history1.json"
-in_cgroup model-history1 $(trace) --stream --state-dir "$OUT/state-model"
-(IDS=$(seq -s, 200 215) && in_cgroup model-history2 $(trace) --stream --state-dir "$OUT/state-model")
 
-# 3. Unconstrained: streamed with the default budget (everything fits), and the plain memory
+# 3. Synthetic Zipf routing (exponent 0.6, 30% of slots repeat the previous token's
+# expert), for comparison with a law chosen by hand; prefetch off (the router no longer
+# decides).
+ZIPF=${ZIPF:-0.6,0.3}
+in_cgroup zipf-2g trace --model "$MODEL" --prompt-ids "$IDS" --max-tokens "$TOKENS" --stream \
+    --no-history --no-prefetch --synthetic-routing "$ZIPF" --output "$OUT/trace-zipf-2g.json"
+
+# 4. Unconstrained: streamed with the default budget (everything fits), and the plain memory
 # map (experts paged in by the kernel).
-unconstrained model-free-stream $(trace) --stream --no-history
-unconstrained model-free-mmap $(trace)
-unconstrained zipf-free-stream $(trace) --stream --no-history --no-prefetch --synthetic-routing "$ZIPF"
-unconstrained zipf-free-mmap $(trace) --synthetic-routing "$ZIPF"
+unconstrained text-free-stream $(trace) --stream --no-history
+unconstrained text-free-mmap $(trace)
 
-# 4. The policy tables on the recorded traces: the capacity the 2 GiB run had, 25% and 50%.
-CAP=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["store"]["capacity_experts"])' "$OUT/zipf-2g.json")
-for t in zipf model; do
-    "$COLI" simulate --trace "$OUT/trace-$t-2g.json" --capacity "$CAP,25%,50%" | tee "$OUT/policies-$t.txt"
+# 5. The policy tables on the recorded traces: the capacity the 2 GiB run had, 25% and 50%.
+CAP=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["store"]["capacity_experts"])' "$OUT/text-2g.json")
+POLICIES=lru,lfu,lfu-admit,lrfu:4,lrfu:16,lrfu:64,lrfu:256,arc,pinned-lrfu,pinned-lfu-admit
+for t in text zipf; do
+    "$COLI" simulate --trace "$OUT/trace-$t-2g.json" --capacity "$CAP,25%,50%" --policies "$POLICIES" | tee "$OUT/policies-$t.txt"
 done
 # What a perfectly learned histogram would give: the trace's own counts, all the cache pinned.
-"$COLI" simulate --trace "$OUT/trace-zipf-2g.json" --capacity "$CAP" --warm-from "$OUT/trace-zipf-2g.json" \
-    --pin-share 1 --policies pinned-lru | tee "$OUT/policies-zipf-oracle-pins.txt"
+"$COLI" simulate --trace "$OUT/trace-text-2g.json" --capacity "$CAP" --warm-from "$OUT/trace-text-2g.json" \
+    --pin-share 1 --policies pinned-lru | tee "$OUT/policies-text-oracle-pins.txt"
 
 python3 - "$OUT" <<'EOF'
 import json, os, sys

@@ -73,6 +73,14 @@ pub struct StoreConfig {
     /// Experts pinned by the user (`coli pin`): never evicted once loaded, whatever the
     /// policy, and preloaded at start. Unknown keys are ignored.
     pub pins: Vec<Key>,
+    /// Experts of the budget set aside for prefetches (a layer ahead's predictions): they
+    /// wait there, outside the policy, until the forward pass asks for them, and the oldest
+    /// unused one goes when a new one comes. 0: prefetched experts enter the policy at once.
+    ///
+    /// Why: a frequency policy ranks a just-prefetched expert (no use yet) lowest, so the
+    /// next miss evicted it before its layer came: measured with a 64-token LRFU on the
+    /// synth model, 15 367 of 15 657 prefetches were wasted, +17% bytes per token.
+    pub prefetch_slots: usize,
 }
 
 impl Default for StoreConfig {
@@ -85,6 +93,7 @@ impl Default for StoreConfig {
             direct: true,
             requests_per_token: 1,
             pins: Vec::new(),
+            prefetch_slots: 0,
         }
     }
 }
@@ -226,11 +235,16 @@ struct Entry {
     slot: Slot,
     /// Brought in by a prefetch or preload and not demanded yet.
     speculative: bool,
+    /// Held in the prefetch slots, outside the policy (see [`StoreConfig::prefetch_slots`]).
+    staged: bool,
 }
 
 struct State {
     policy: Box<dyn Policy>,
     entries: HashMap<Key, Entry>,
+    /// Staged prefetches, oldest first, at most `prefetch_slots`.
+    staged: VecDeque<Key>,
+    prefetch_slots: usize,
     resident_bytes: u64,
     hist: UsageHistogram,
     /// `[layer][expert]` outcomes of demand requests since the store started (counted under
@@ -250,6 +264,19 @@ pub struct ExpertCounts {
 }
 
 impl State {
+    /// Forgets an entry (its read, if still queued, is skipped); whether it was there.
+    fn remove_entry(&mut self, key: Key) -> bool {
+        match self.entries.remove(&key) {
+            Some(e) => {
+                if let Slot::Ready(b) = &e.slot {
+                    self.resident_bytes -= b.size_bytes() as u64;
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The counters of a key [`ExpertStore::check_key`] accepted.
     fn counts_mut(&mut self, key: Key) -> &mut ExpertCounts {
         &mut self.per_expert[key.layer as usize][key.expert as usize]
@@ -596,6 +623,8 @@ impl ExpertStore {
             plans.push(prow);
         }
         let capacity = cfg.budget_bytes.checked_div(expert_bytes).unwrap_or(0) as usize;
+        // Never more than a quarter of the cache waits on predictions.
+        let prefetch_slots = cfg.prefetch_slots.min(capacity / 4);
         let counts = hist.nonzero();
         let known = |k: &Key| {
             plans
@@ -613,11 +642,12 @@ impl ExpertStore {
                 cfg.requests_per_token,
             )
         };
+        let policy_capacity = capacity - prefetch_slots;
         let policy: Box<dyn Policy> = if user_pins.is_empty() {
-            build(capacity)?
+            build(policy_capacity)?
         } else {
             let mut err = None;
-            let p = policy::Pinned::new(capacity, &user_pins, |cap| {
+            let p = policy::Pinned::new(policy_capacity, &user_pins, |cap| {
                 build(cap).unwrap_or_else(|e| {
                     err = Some(e);
                     Box::new(policy::Lru::new(cap))
@@ -640,6 +670,8 @@ impl ExpertStore {
             state: Mutex::new(State {
                 policy,
                 entries: HashMap::new(),
+                staged: VecDeque::new(),
+                prefetch_slots,
                 resident_bytes: 0,
                 hist,
                 per_expert,
@@ -711,11 +743,15 @@ impl ExpertStore {
         let mut evicted = Vec::new();
         st.policy.access(key, Access::Demand, &mut evicted);
         self.drop_evicted(&mut st, &evicted);
+        let admitted = st.policy.contains(key);
         if let Some(entry) = st.entries.get_mut(&key) {
             if entry.speculative {
                 entry.speculative = false;
                 s.c.prefetch_used.fetch_add(1, Ordering::Relaxed);
             }
+            // A staged prefetch leaves its slot: kept if the policy took it (the access
+            // above), else handed over once and dropped.
+            let unstage = std::mem::take(&mut entry.staged);
             let ticket = match &entry.slot {
                 Slot::Ready(b) => {
                     s.c.hits.fetch_add(1, Ordering::Relaxed);
@@ -728,6 +764,12 @@ impl ExpertStore {
                     Ticket::Wait(key, PendingHandle(p))
                 }
             };
+            if unstage {
+                st.staged.retain(|k| *k != key);
+                if !admitted {
+                    st.remove_entry(key);
+                }
+            }
             let n = st.counts_mut(key);
             match ticket {
                 Ticket::Ready(_) => n.hits += 1,
@@ -738,12 +780,13 @@ impl ExpertStore {
         s.c.misses.fetch_add(1, Ordering::Relaxed);
         st.counts_mut(key).misses += 1;
         let p = Pending::new();
-        if st.policy.contains(key) {
+        if admitted {
             st.entries.insert(
                 key,
                 Entry {
                     slot: Slot::Loading(p.clone()),
                     speculative: false,
+                    staged: false,
                 },
             );
         }
@@ -819,11 +862,22 @@ impl ExpertStore {
                 if self.check_key(key).is_err() || st.entries.contains_key(&key) {
                     continue;
                 }
-                let mut evicted = Vec::new();
-                st.policy.access(key, Access::Prefetch, &mut evicted);
-                self.drop_evicted(&mut st, &evicted);
-                if !st.policy.contains(key) {
-                    continue;
+                let staged = !background && st.prefetch_slots > 0;
+                if staged {
+                    while st.staged.len() >= st.prefetch_slots {
+                        let old = st.staged.pop_front().expect("non-empty");
+                        if st.remove_entry(old) {
+                            s.c.prefetch_wasted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    st.staged.push_back(key);
+                } else {
+                    let mut evicted = Vec::new();
+                    st.policy.access(key, Access::Prefetch, &mut evicted);
+                    self.drop_evicted(&mut st, &evicted);
+                    if !st.policy.contains(key) {
+                        continue;
+                    }
                 }
                 let p = Pending::new();
                 st.entries.insert(
@@ -831,6 +885,7 @@ impl ExpertStore {
                     Entry {
                         slot: Slot::Loading(p.clone()),
                         speculative: true,
+                        staged,
                     },
                 );
                 queued.push(Job {
@@ -1364,6 +1419,7 @@ mod tests {
             direct,
             requests_per_token: 1,
             pins: Vec::new(),
+            prefetch_slots: 0,
         }
     }
 
@@ -1565,6 +1621,55 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         assert_eq!(store.stats().resident_experts, 2);
+    }
+
+    /// Prefetched experts wait outside the policy: misses in between do not evict them
+    /// (a frequency policy ranks a never-used expert lowest), the oldest unused one goes
+    /// when the slots are full, and the memory accounting stays exact.
+    #[test]
+    fn staged_prefetch_survives_misses_and_the_oldest_unused_goes() {
+        let dir = test_dir();
+        let (specs, len) = specs(2, 8, 5000);
+        let path = make_file(dir.path(), len);
+        let probe = open(&path, &specs, 1, false, 1, "lru", UsageHistogram::new(2, 8));
+        let eb = probe.expert_bytes();
+        drop(probe);
+        let mut c = cfg(8, eb, false, 2, "lrfu:1000");
+        c.prefetch_slots = 2;
+        let store = ExpertStore::new(&[path], &specs, &c, UsageHistogram::new(2, 8)).unwrap();
+        assert_eq!(store.capacity(), 8);
+        // Six frequently used experts fill the policy's share (8 - 2 slots).
+        for _ in 0..3 {
+            for e in 0..6 {
+                store.get(Key::new(0, e)).unwrap();
+            }
+        }
+        assert_eq!(store.prefetch(1, &[3, 5]), 2);
+        // Two misses: each evicts from the policy's share, never a staged prefetch.
+        store.get(Key::new(0, 6)).unwrap();
+        store.get(Key::new(0, 7)).unwrap();
+        let misses = store.stats().misses;
+        check(&store.get(Key::new(1, 3)).unwrap(), &specs[1][3]);
+        let st = store.stats();
+        assert_eq!(st.misses, misses, "the staged prefetch was used");
+        assert_eq!(st.prefetch_used, 1);
+        // [5] staged; 6 and 7 come in, 5 (never used) goes.
+        assert_eq!(store.prefetch(1, &[6, 7]), 2);
+        assert_eq!(store.stats().prefetch_wasted, 1);
+        assert!(!store.contains(Key::new(1, 5)));
+        check(&store.get(Key::new(1, 5)).unwrap(), &specs[1][5]);
+        assert_eq!(store.stats().misses, misses + 1);
+        // Once every read is done: the bytes held are the ready entries', within the budget.
+        for _ in 0..200 {
+            let st = store.stats();
+            if st.resident_bytes == st.resident_experts as u64 * eb && st.resident_experts == 8 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let st = store.stats();
+        assert_eq!(st.resident_bytes, st.resident_experts as u64 * eb);
+        assert!(st.resident_experts <= 8, "{}", st.resident_experts);
     }
 
     #[test]

@@ -317,6 +317,7 @@ pub fn enable_with_plan(
     let mut specs: Vec<Vec<ExpertSpec>> = Vec::with_capacity(net.layers.len());
     let mut n_experts = 0;
     let mut per_token = 0;
+    let mut top_k = 0;
     let mut moe_layers = Vec::new();
     for (li, l) in net.layers.iter().enumerate() {
         let row = match &l.ffn {
@@ -324,6 +325,7 @@ pub fn enable_with_plan(
                 moe_layers.push(li);
                 n_experts = n_experts.max(m.experts.len());
                 per_token += m.top_k;
+                top_k = top_k.max(m.top_k);
                 m.experts
                     .iter()
                     .enumerate()
@@ -374,6 +376,8 @@ pub fn enable_with_plan(
         direct: opts.direct,
         requests_per_token: per_token,
         pins: opts.pins.clone(),
+        // Two layers' predictions: the next layer's, and the current one's still arriving.
+        prefetch_slots: if opts.prefetch { 2 * top_k } else { 0 },
     };
     let store = ExpertStore::new(&files, &specs, &cfg, hist.clone())?;
     warnings.extend(store.stats().notes);

@@ -66,6 +66,14 @@ impl KvCache {
         self.len = len;
     }
 
+    /// Bytes one more position adds.
+    pub fn bytes_per_position(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| (l.k_width + l.v_width + l.extra_width) * 4)
+            .sum()
+    }
+
     /// Bytes held by the cache's tensors.
     pub fn size_bytes(&self) -> usize {
         self.layers

@@ -118,6 +118,7 @@ impl Model {
         for s in batch.iter() {
             self.check_tokens(s.cache.len, s.tokens, "tokens")?;
         }
+        crate::experts::stream::note_kv_bytes(&self.net, kv_bytes_after(batch));
         let out = self.net.forward(batch);
         // A streamed expert that could not be read: this step's outputs are not valid.
         crate::experts::stream::take_error(&self.net)?;
@@ -136,6 +137,7 @@ impl Model {
         for s in batch.iter() {
             self.check_tokens(s.cache.len, s.tokens, "tokens")?;
         }
+        crate::experts::stream::note_kv_bytes(&self.net, kv_bytes_after(batch));
         let out = self.net.forward_with_hidden(batch, hidden);
         crate::experts::stream::take_error(&self.net)?;
         Ok(out)
@@ -162,4 +164,12 @@ impl Model {
         }];
         Ok(self.forward(&mut b)?.pop().unwrap_or_default())
     }
+}
+
+/// KV bytes the batch's sequences will hold once this step has appended its tokens.
+fn kv_bytes_after(batch: &[SeqStep<'_>]) -> u64 {
+    batch
+        .iter()
+        .map(|s| (s.cache.size_bytes() + s.tokens.len() * s.cache.bytes_per_position()) as u64)
+        .sum()
 }

@@ -153,10 +153,20 @@ fn check_family(dir: &Path, ids: &[u32], label: &str) {
             (layers * per_layer) as u64,
             opts("lrfu", 2, false, true, None),
         ),
+        // Half the budget lent to KV caches (ExpertStore::lend), from the first step on.
+        (
+            "budget all, half lent to the KV caches, lrfu, prefetch",
+            (layers * per_layer) as u64,
+            opts("lrfu", 2, true, true, None),
+        ),
     ];
     for (what, budget, o) in cases {
         let mut m = Model::load(dir).unwrap();
         let s = stream_with(&mut m, budget, o);
+        let lent = what.contains("lent");
+        if lent {
+            s.set_idle_kv_bytes(s.plan.margin / 2 + s.plan.budget / 2);
+        }
         let got = run(&m, ids);
         let st = s.stats();
         assert!(
@@ -176,6 +186,13 @@ fn check_family(dir: &Path, ids: &[u32], label: &str) {
                 "{label}, {what}: {st}"
             );
             assert!(st.resident_experts <= 1, "{label}, {what}: {st}");
+        }
+        if lent {
+            let room = (s.plan.budget - s.plan.budget / 2) / st.expert_bytes;
+            assert!(
+                st.resident_bytes <= room * st.expert_bytes && st.evictions > 0,
+                "{label}, {what}: {st}"
+            );
         }
         drop(m);
         s.save_histogram().unwrap();

@@ -38,6 +38,9 @@ pub trait Policy: Send {
     fn access(&mut self, key: Key, kind: Access, evicted: &mut Vec<Key>) -> bool;
     /// Forgets a resident key (a dropped prefetch). No-op when absent.
     fn remove(&mut self, key: Key);
+    /// Changes the capacity; when it shrinks, the keys the policy would evict first go
+    /// (appended to `evicted`) until the rest fit.
+    fn set_capacity(&mut self, cap: usize, evicted: &mut Vec<Key>);
 }
 
 /// Keys in recency order: O(log n) touch, remove and pop of the least recent.
@@ -126,6 +129,12 @@ impl Policy for Lru {
     }
     fn remove(&mut self, key: Key) {
         self.list.remove(key);
+    }
+    fn set_capacity(&mut self, cap: usize, evicted: &mut Vec<Key>) {
+        self.cap = cap;
+        while self.list.len() > cap {
+            evicted.extend(self.list.pop_lru());
+        }
     }
 }
 
@@ -224,6 +233,14 @@ impl Policy for Lfu {
     fn remove(&mut self, key: Key) {
         if let Some((c, t)) = self.resident.remove(&key) {
             self.order.remove(&(c, t, key));
+        }
+    }
+    fn set_capacity(&mut self, cap: usize, evicted: &mut Vec<Key>) {
+        self.cap = cap;
+        while self.resident.len() > cap {
+            let (_, _, v) = self.order.pop_first().expect("non-empty");
+            self.resident.remove(&v);
+            evicted.push(v);
         }
     }
 }
@@ -328,6 +345,14 @@ impl Policy for Lrfu {
             if let Some(&s) = self.score.get(&key) {
                 self.order.remove(&(Score(s), key));
             }
+        }
+    }
+    fn set_capacity(&mut self, cap: usize, evicted: &mut Vec<Key>) {
+        self.cap = cap;
+        while self.resident.len() > cap {
+            let (_, v) = self.order.pop_first().expect("non-empty");
+            self.resident.remove(&v);
+            evicted.push(v);
         }
     }
 }
@@ -441,6 +466,16 @@ impl Policy for ArcCache {
         self.t1.remove(key);
         self.t2.remove(key);
     }
+    fn set_capacity(&mut self, cap: usize, evicted: &mut Vec<Key>) {
+        self.cap = cap;
+        self.p = self.p.min(cap as f64);
+        while self.len() > cap {
+            self.replace(false, evicted);
+        }
+        // ARC's invariants: |T1| + |B1| <= c and the four lists together <= 2c.
+        while self.t1.len() + self.b1.len() > cap && self.b1.pop_lru().is_some() {}
+        while self.len() + self.b1.len() + self.b2.len() > 2 * cap && self.b2.pop_lru().is_some() {}
+    }
 }
 
 /// A set of pinned experts that are never evicted once loaded (they take their share of the
@@ -493,6 +528,11 @@ impl Policy for Pinned {
     fn remove(&mut self, key: Key) {
         self.loaded.remove(&key);
         self.inner.remove(key);
+    }
+    /// The pins stay; the inner policy gets what they leave.
+    fn set_capacity(&mut self, cap: usize, evicted: &mut Vec<Key>) {
+        self.inner
+            .set_capacity(cap.saturating_sub(self.pins.len()), evicted);
     }
 }
 
@@ -692,6 +732,42 @@ mod tests {
         let (s, ev) = run(&mut p, &[7, 1, 2, 7]);
         assert_eq!(s, "mmmH");
         assert_eq!(ev, vec![1]);
+    }
+
+    /// Shrinking evicts what the policy would evict first, down to the new capacity, and
+    /// growing again lets it fill up; for every policy.
+    #[test]
+    fn set_capacity_evicts_in_policy_order() {
+        for name in ["lru", "lfu", "lfu-admit", "lrfu", "arc", "pinned-lru"] {
+            let counts = [(k(1), 50)];
+            let mut p = build(name, 4, Some(&counts), 0.25, 1).unwrap();
+            let mut ev = Vec::new();
+            // 1 is hot (pinned for pinned-lru), 2 used three times, 3 twice, 4 once.
+            for e in [1, 2, 2, 2, 3, 3, 4] {
+                p.access(k(e), Access::Demand, &mut ev);
+            }
+            assert!(ev.is_empty(), "{name}");
+            p.set_capacity(2, &mut ev);
+            assert_eq!(p.len(), 2, "{name}");
+            assert_eq!(p.capacity(), 2, "{name}");
+            for &v in &ev {
+                assert!(!p.contains(v), "{name}");
+            }
+            let kept: Vec<u32> = (1..=4).filter(|&e| p.contains(k(e))).collect();
+            let want: &[u32] = match name {
+                "lru" => &[3, 4],
+                "arc" => &[2, 3],
+                // The pin, and the inner LRU's most recent.
+                "pinned-lru" => &[1, 4],
+                _ => &[1, 2],
+            };
+            assert_eq!(kept, want, "{name}");
+            p.set_capacity(4, &mut ev);
+            for e in [5, 6] {
+                p.access(k(e), Access::Demand, &mut ev);
+            }
+            assert_eq!(p.len(), 4, "{name}");
+        }
     }
 
     #[test]

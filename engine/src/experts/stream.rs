@@ -79,6 +79,7 @@ pub struct Streaming {
     error: Mutex<Option<Error>>,
     predictions: Mutex<HashMap<usize, Vec<usize>>>,
     saved_at: AtomicU64,
+    idle_kv: AtomicU64,
 }
 
 impl Drop for Streaming {
@@ -90,6 +91,21 @@ impl Drop for Streaming {
 impl Streaming {
     pub fn stats(&self) -> StoreStats {
         self.store.stats()
+    }
+
+    /// Tells the store how many bytes the KV caches of every sequence on this model hold
+    /// now; past half the plan's safety margin, they are taken from the expert cache
+    /// ([`ExpertStore::lend`]), so the process stays within budget + resident part + margin
+    /// however long the generation. Callers pass the total after each step.
+    pub fn set_kv_bytes(&self, total: u64) {
+        self.store.lend(total.saturating_sub(self.plan.margin / 2));
+    }
+
+    /// KV bytes of the sequences that stay in memory between steps without being stepped
+    /// (a daemon's idle sessions); [`Model::forward`](crate::Model::forward) adds the
+    /// stepped sequences' own and calls [`set_kv_bytes`](Self::set_kv_bytes).
+    pub fn set_idle_kv_bytes(&self, bytes: u64) {
+        self.idle_kv.store(bytes, Ordering::Relaxed);
     }
 
     /// Writes the usage histogram (when persisting).
@@ -392,6 +408,7 @@ pub fn enable_with_plan(
         error: Mutex::new(None),
         predictions: Mutex::new(HashMap::new()),
         saved_at: AtomicU64::new(0),
+        idle_kv: AtomicU64::new(0),
     });
     // Predictors first (they clone the next layer's router and norm), then the hooks.
     let mut predictors: HashMap<usize, Arc<Predictor>> = HashMap::new();
@@ -449,6 +466,15 @@ pub fn streaming_of(net: &Network) -> Option<&Arc<Streaming>> {
         Ffn::Moe(m) => m.hooks.stream.as_ref(),
         Ffn::Dense(_) => None,
     })
+}
+
+/// Before a forward step: the KV bytes the stepped sequences will hold after it (plus the
+/// idle ones') are taken from the expert cache's budget where they exceed its allowance
+/// ([`Streaming::set_kv_bytes`]). No-op without streaming.
+pub fn note_kv_bytes(net: &Network, stepped_after: u64) {
+    if let Some(s) = streaming_of(net) {
+        s.set_kv_bytes(stepped_after + s.idle_kv.load(Ordering::Relaxed));
+    }
 }
 
 /// The read error a forward pass met, as the error of that pass.

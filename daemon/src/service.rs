@@ -617,7 +617,10 @@ impl Colibri for Service {
         _: Request<pb::ShutdownRequest>,
     ) -> Result<Response<pb::ShutdownResponse>, Status> {
         tracing::info!("shutdown requested over gRPC");
-        let _ = self.daemon.shutdown.send(true);
+        // send_replace, not send: a Shutdown that arrives before the server's stop watcher
+        // subscribed (possible on a socket inherited from systemd, served at once) must still
+        // be seen; `send` drops the value when nobody listens yet.
+        self.daemon.shutdown.send_replace(true);
         Ok(Response::new(pb::ShutdownResponse {}))
     }
 }

@@ -966,10 +966,6 @@ fn check_cache_stats(c: &pb::ExpertCacheStats) {
     assert!((c.hit_rate - hit_rate).abs() < 1e-12, "{c:?}");
     // Every miss is read (and waited for before the span ends).
     assert!(c.misses <= c.reads, "{c:?}");
-    assert!(
-        c.prefetch_used + c.prefetch_wasted <= c.prefetch_issued + c.preload_issued,
-        "{c:?}"
-    );
     assert_eq!(c.read_errors, 0, "{c:?}");
     let per_token = c.bytes_read as f64 / c.tokens as f64;
     assert!((c.bytes_per_token - per_token).abs() < 1e-9, "{c:?}");
@@ -1018,6 +1014,12 @@ async fn settled_cache(c: &mut ColibriClient<Channel>) -> pb::ExpertCacheStats {
     // it started is skipped).
     assert!(
         c.reads <= c.misses + c.prefetch_issued + c.preload_issued,
+        "{c:?}"
+    );
+    // A speculative read is used or evicted unused at most once (maybe in a later request's
+    // span than the one that issued it).
+    assert!(
+        c.prefetch_used + c.prefetch_wasted <= c.prefetch_issued + c.preload_issued,
         "{c:?}"
     );
     // A direct read reads the expert's whole aligned buffer; a buffered one only its bytes.

@@ -886,7 +886,10 @@ impl ExpertStore {
                 if self.check_key(key).is_err() || st.entries.contains_key(&key) {
                     continue;
                 }
-                let staged = !background && st.prefetch_slots > 0;
+                // While the policy has room a prefetch evicts nothing: it goes straight in.
+                let staged = !background
+                    && st.prefetch_slots > 0
+                    && st.policy.len() >= st.policy.capacity();
                 if staged {
                     while st.staged.len() >= st.prefetch_slots {
                         let old = st.staged.pop_front().expect("non-empty");

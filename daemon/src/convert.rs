@@ -123,6 +123,7 @@ pub fn expert_cache_stats(st: &StoreStats, forward_seconds: f64) -> pb::ExpertCa
         prefetch_precision: st.prefetch_precision(),
         preload_issued: st.preload_issued,
         preload_bytes: st.preload_bytes,
+        lent_bytes: st.lent_bytes,
         notes: st.notes.clone(),
     }
 }
@@ -154,6 +155,7 @@ pub fn store_stats(c: &pb::ExpertCacheStats) -> StoreStats {
         prefetch_wasted: c.prefetch_wasted,
         preload_issued: c.preload_issued,
         preload_bytes: c.preload_bytes,
+        lent_bytes: c.lent_bytes,
         evictions: c.evictions,
         tokens: c.tokens,
         predicted: c.predicted,
@@ -209,6 +211,7 @@ mod tests {
             prefetch_wasted: 20,
             preload_issued: 21,
             preload_bytes: 22,
+            lent_bytes: 28,
             evictions: 23,
             tokens: 24,
             predicted: 25,

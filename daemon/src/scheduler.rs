@@ -1044,16 +1044,23 @@ impl Engine {
                 kv += g.gen.cache.size_bytes() as u64;
             }
         }
+        let mut idle_kv = 0u64;
         let mut sessions: Vec<pb::SessionInfo> = self
             .sessions
             .values()
             .map(|s| {
                 if s.busy.is_none() {
-                    kv += s.kv_bytes as u64;
+                    idle_kv += s.kv_bytes as u64;
                 }
                 session_info(&self.id, s)
             })
             .collect();
+        kv += idle_kv;
+        // Idle sessions' caches stay in RAM: a streamed model's expert cache makes room for
+        // them (the stepped ones are reported by each forward pass).
+        if let Some(st) = colibri_engine::experts::stream::streaming_of(&self.model.net) {
+            st.set_idle_kv_bytes(idle_kv);
+        }
         sessions.sort_by_key(|s| std::cmp::Reverse(s.last_used_unix_ms));
         let p = Published {
             active: self.active.len() as u32,

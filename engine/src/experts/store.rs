@@ -422,6 +422,8 @@ pub struct StoreStats {
     pub preload_issued: u64,
     /// Bytes read by background preloads (included in `bytes_read`).
     pub preload_bytes: u64,
+    /// Budget lent to the KV caches ([`ExpertStore::lend`]): the cache holds that much less.
+    pub lent_bytes: u64,
     pub evictions: u64,
     pub tokens: u64,
     /// Router-based prediction of the next layer's experts: predicted, of which routed, and
@@ -487,6 +489,7 @@ impl StoreStats {
             prefetch_wasted: d(self.prefetch_wasted, before.prefetch_wasted),
             preload_issued: d(self.preload_issued, before.preload_issued),
             preload_bytes: d(self.preload_bytes, before.preload_bytes),
+            lent_bytes: self.lent_bytes,
             evictions: d(self.evictions, before.evictions),
             tokens: d(self.tokens, before.tokens),
             predicted: d(self.predicted, before.predicted),
@@ -542,6 +545,13 @@ impl std::fmt::Display for StoreStats {
             "waiting on reads {:.3} s; disk busy {:.3} s",
             self.wait_seconds, self.disk_busy_seconds
         )?;
+        if self.lent_bytes > 0 {
+            writeln!(
+                f,
+                "{:.0} MiB of the budget lent to the KV caches",
+                mb(self.lent_bytes as f64)
+            )?;
+        }
         if self.prefetch_issued > 0 || self.predicted > 0 {
             writeln!(
                 f,
@@ -887,9 +897,8 @@ impl ExpertStore {
                     continue;
                 }
                 // While the policy has room a prefetch evicts nothing: it goes straight in.
-                let staged = !background
-                    && st.prefetch_slots > 0
-                    && st.policy.len() >= st.policy.capacity();
+                let staged =
+                    !background && st.prefetch_slots > 0 && st.policy.len() >= st.policy.capacity();
                 if staged {
                     while st.staged.len() >= st.prefetch_slots {
                         let old = st.staged.pop_front().expect("non-empty");
@@ -1016,14 +1025,14 @@ impl ExpertStore {
         let s = &self.shared;
         let c = &s.c;
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let (resident_experts, resident_bytes) = {
+        let (resident_experts, resident_bytes, lent_bytes) = {
             let st = lock(&s.state);
             let ready = st
                 .entries
                 .values()
                 .filter(|e| matches!(e.slot, Slot::Ready(_)))
                 .count();
-            (ready, st.resident_bytes)
+            (ready, st.resident_bytes, st.lent_bytes)
         };
         let busy = {
             let b = lock(&s.busy);
@@ -1053,6 +1062,7 @@ impl ExpertStore {
             prefetch_wasted: g(&c.prefetch_wasted),
             preload_issued: g(&c.preload_issued),
             preload_bytes: g(&c.preload_bytes),
+            lent_bytes,
             evictions: g(&c.evictions),
             tokens: g(&c.tokens),
             predicted: g(&c.predicted),

@@ -88,13 +88,17 @@ done
 
 # 2. Second start: a first run over one text writes the usage history; the second, over
 # another part of the documentation, loads it (seeded frequencies, the hottest experts
-# preloaded in the background) and is measured over its first 32 tokens.
+# preloaded in the background) and is measured over its first 32 tokens. Prefetch off: a
+# prefetched expert counts as a hit, which would hide what the history brings.
 for p in lrfu pinned-lrfu; do
     [ -s "$OUT/text-history2-$p.json" ] || rm -rf "$OUT/state-$p" "$OUT/text-history1-$p.json"
-    in_cgroup "text-history1-$p" $(trace) --stream --state-dir "$OUT/state-$p" --policy "$p"
+    in_cgroup "text-history1-$p" $(trace) --stream --no-prefetch --state-dir "$OUT/state-$p" --policy "$p"
     (IDS=$(seq -s, 200 215) && in_cgroup "text-history2-$p" trace --model "$MODEL" --prompt-ids "$IDS" \
-        --max-tokens "$TOKENS" --follow-ids "$TEXT_B" --stream --state-dir "$OUT/state-$p" --policy "$p")
+        --max-tokens "$TOKENS" --follow-ids "$TEXT_B" --stream --no-prefetch --state-dir "$OUT/state-$p" --policy "$p")
 done
+# The cold start of that second text, for comparison.
+(IDS=$(seq -s, 200 215) && in_cgroup text-b-cold trace --model "$MODEL" --prompt-ids "$IDS" \
+    --max-tokens "$TOKENS" --follow-ids "$TEXT_B" --stream --no-prefetch --no-history)
 
 # 3. Synthetic Zipf routing (exponent 0.6, 30% of slots repeat the previous token's
 # expert), for comparison with a law chosen by hand; prefetch off (the router no longer

@@ -635,8 +635,14 @@ impl ExpertStore {
             plans.push(prow);
         }
         let capacity = cfg.budget_bytes.checked_div(expert_bytes).unwrap_or(0) as usize;
-        // Never more than a quarter of the cache waits on predictions.
-        let prefetch_slots = cfg.prefetch_slots.min(capacity / 4);
+        // Never more than a quarter of the cache waits on predictions; none when every
+        // expert fits (nothing is ever evicted, so a prefetch cannot be lost).
+        let experts = plans.iter().flatten().filter(|p| p.is_some()).count();
+        let prefetch_slots = if capacity >= experts {
+            0
+        } else {
+            cfg.prefetch_slots.min(capacity / 4)
+        };
         let counts = hist.nonzero();
         let known = |k: &Key| {
             plans

@@ -33,6 +33,28 @@ pub struct Model {
     pub text: Option<Text>,
 }
 
+/// What a model load is doing, as [`LoadProgress`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadStage {
+    /// The checkpoint's headers are read and its files mapped; nothing is loaded yet.
+    Opening,
+    /// Decoder layers (then embeddings and head) are being loaded and checked.
+    Weights,
+    /// Weights done; the tokenizer and chat template are being read.
+    Text,
+}
+
+/// How far [`Model::load_with_progress`] has got, in the checkpoint's tensor bytes. Reported
+/// once per decoder layer (not per byte): `done` only grows, never passes `total`, and the
+/// last report has `done == total`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadProgress {
+    pub stage: LoadStage,
+    pub done: u64,
+    pub total: u64,
+    pub message: String,
+}
+
 /// Which logits a sequence wants back from a forward step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogitsWanted {
@@ -52,9 +74,32 @@ pub struct SeqStep<'a> {
 impl Model {
     /// Opens a model folder, validates every tensor against the config, loads the tokenizer.
     pub fn load(dir: &Path) -> Result<Model> {
+        Self::load_with_progress(dir, &|_| {})
+    }
+
+    /// [`load`](Self::load), telling `progress` where it is (see [`LoadProgress`]).
+    pub fn load_with_progress(dir: &Path, progress: &dyn Fn(LoadProgress)) -> Result<Model> {
         let ckpt = Checkpoint::open(dir)?;
-        let net = arch::build(&ckpt)?;
-        let text = if dir.join("tokenizer.json").exists() {
+        let hook = arch::LoadHook::new(&ckpt, progress);
+        hook.report(
+            LoadStage::Opening,
+            format!("{} tensors in {}", ckpt.len(), dir.display()),
+        );
+        let net = arch::build_with_progress(&ckpt, &hook)?;
+        let has_text = dir.join("tokenizer.json").exists();
+        hook.finish(
+            if has_text {
+                LoadStage::Text
+            } else {
+                LoadStage::Weights
+            },
+            if has_text {
+                "weights loaded; reading the tokenizer"
+            } else {
+                "weights loaded"
+            },
+        );
+        let text = if has_text {
             Some(Text::load(dir, &ckpt.config)?)
         } else {
             None

@@ -219,6 +219,8 @@ impl Mlp {
 pub struct Loader<'a> {
     pub ckpt: &'a Checkpoint,
     pub family: &'static str,
+    /// Told as each decoder layer is loaded.
+    pub progress: &'a super::LoadHook<'a>,
 }
 
 impl<'a> Loader<'a> {

@@ -11,7 +11,7 @@ use super::config::{Cfg, RopeParams};
 use super::dsa::DsaIndexer;
 use super::mla::{MlaAttention, MlaDims};
 use super::moe::SigmoidMoeSpec;
-use super::{mtp, Attention, CommonDims, Ffn, Layer, Network};
+use super::{mtp, Attention, CommonDims, Ffn, Layer, LoadHook, Network};
 use crate::container::Checkpoint;
 use crate::error::Result;
 
@@ -37,11 +37,12 @@ pub struct MlaFamily {
     pub first_k_dense_replace: usize,
 }
 
-pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
+pub fn build(ckpt: &Checkpoint, cfg: &Cfg, progress: &LoadHook) -> Result<Network> {
     let interleave = cfg.bool_or("rope_interleave", true)?;
     build_mla_family(
         ckpt,
         cfg,
+        progress,
         MlaFamily {
             name: "deepseek_v3",
             rope_layout: if interleave {
@@ -56,7 +57,12 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
     )
 }
 
-pub fn build_mla_family(ckpt: &Checkpoint, cfg: &Cfg, fam: MlaFamily) -> Result<Network> {
+pub fn build_mla_family(
+    ckpt: &Checkpoint,
+    cfg: &Cfg,
+    progress: &LoadHook,
+    fam: MlaFamily,
+) -> Result<Network> {
     let d = CommonDims::read_shared(cfg)?;
     let md = MlaDims::read(cfg)?;
     let rope_params = RopeParams::read(cfg, 10000.0)?;
@@ -82,6 +88,7 @@ pub fn build_mla_family(ckpt: &Checkpoint, cfg: &Cfg, fam: MlaFamily) -> Result<
     let ld = Loader {
         ckpt,
         family: fam.name,
+        progress,
     };
     let names = ["gate_proj", "up_proj", "down_proj"];
     let layer = |i: usize, p: &str| -> Result<Layer> {

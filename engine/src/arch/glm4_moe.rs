@@ -7,11 +7,11 @@ use super::attention::{GqaAttention, QkNormKind};
 use super::blocks::{Loader, RopeLayout};
 use super::config::{Cfg, RopeParams};
 use super::moe::SigmoidMoeSpec;
-use super::{mtp, Attention, CommonDims, Ffn, Layer, Network};
+use super::{mtp, Attention, CommonDims, Ffn, Layer, LoadHook, Network};
 use crate::container::Checkpoint;
 use crate::error::Result;
 
-pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
+pub fn build(ckpt: &Checkpoint, cfg: &Cfg, progress: &LoadHook) -> Result<Network> {
     let d = CommonDims::read(cfg)?;
     let rope_params = RopeParams::read(cfg, 10000.0)?;
     // transformers keeps `partial_rotary_factor` in the rope dict (v5) or at the top level
@@ -37,6 +37,7 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
     let ld = Loader {
         ckpt,
         family: "glm4_moe",
+        progress,
     };
     let names = ["gate_proj", "up_proj", "down_proj"];
     let layer = |i: usize, p: &str| -> Result<Layer> {

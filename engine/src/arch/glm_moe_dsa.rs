@@ -6,12 +6,12 @@
 use super::blocks::RopeLayout;
 use super::config::Cfg;
 use super::deepseek_v3::{build_mla_family, DsaSpec, MlaFamily};
-use super::Network;
+use super::{LoadHook, Network};
 use crate::container::Checkpoint;
 use crate::error::Result;
 use serde_json::Value;
 
-pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
+pub fn build(ckpt: &Checkpoint, cfg: &Cfg, progress: &LoadHook) -> Result<Network> {
     let n_layers = cfg.dim("num_hidden_layers")?;
     let first_k_dense_replace = cfg.usize_or("first_k_dense_replace", 3)?;
     let sparse = match cfg.get("mlp_layer_types") {
@@ -45,6 +45,7 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
     build_mla_family(
         ckpt,
         cfg,
+        progress,
         MlaFamily {
             name: "glm_moe_dsa",
             // transformers' GlmMoeDsa always rotates interleaved pairs, in MLA and indexer.

@@ -5,11 +5,11 @@ use super::attention::{GqaAttention, QkNormKind};
 use super::blocks::{Loader, Rope, RopeLayout};
 use super::config::{Cfg, RopeParams};
 use super::moe::{Moe, Routing};
-use super::{Attention, CommonDims, Ffn, Layer, Network};
+use super::{Attention, CommonDims, Ffn, Layer, LoadHook, Network};
 use crate::container::Checkpoint;
 use crate::error::Result;
 
-pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
+pub fn build(ckpt: &Checkpoint, cfg: &Cfg, progress: &LoadHook) -> Result<Network> {
     let d = CommonDims::read(cfg)?;
     let rope = RopeParams::read(cfg, 1e6)?;
     rope.require_type(cfg, &["default"])?;
@@ -23,6 +23,7 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg) -> Result<Network> {
     let ld = Loader {
         ckpt,
         family: "mixtral",
+        progress,
     };
 
     let mut layers = Vec::with_capacity(d.n_layers);

@@ -21,7 +21,7 @@ pub mod qwen3_moe;
 use crate::container::Checkpoint;
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
-use crate::model::{LogitsWanted, SeqStep};
+use crate::model::{LoadProgress, LoadStage, LogitsWanted, SeqStep};
 use crate::tensor::Matrix;
 use attention::GqaAttention;
 use blocks::{Mlp, RmsNorm};
@@ -30,10 +30,12 @@ use dsa::Selection;
 use mla::MlaAttention;
 use moe::Moe;
 use mtp::MtpLayer;
+use std::cell::Cell;
+use std::collections::HashMap;
 
 /// `model_type` values this engine runs, with the builder for each.
 /// Builds a family's network from its checkpoint and config.
-type Builder = fn(&Checkpoint, &Cfg) -> Result<Network>;
+type Builder = fn(&Checkpoint, &Cfg, &LoadHook) -> Result<Network>;
 
 const FAMILIES: &[(&str, Builder)] = &[
     ("olmoe", olmoe::build),
@@ -50,6 +52,11 @@ pub fn supported_model_types() -> Vec<String> {
 
 /// Builds the network for a checkpoint, dispatching on `model_type`.
 pub fn build(ckpt: &Checkpoint) -> Result<Network> {
+    build_with_progress(ckpt, &LoadHook::new(ckpt, &|_| {}))
+}
+
+/// [`build`], telling `hook` as each decoder layer is loaded.
+pub fn build_with_progress(ckpt: &Checkpoint, hook: &LoadHook) -> Result<Network> {
     let cfg = Cfg::new(&ckpt.config, &ckpt.config_path);
     let model_type = cfg
         .get("model_type")
@@ -62,7 +69,88 @@ pub fn build(ckpt: &Checkpoint) -> Result<Network> {
             got: model_type.to_string(),
             supported: supported_model_types(),
         })?;
-    builder(ckpt, &cfg)
+    builder(ckpt, &cfg, hook)
+}
+
+/// Load progress in the checkpoint's tensor bytes, reported once per decoder layer (and MTP
+/// layer): a layer's bytes are every tensor under `model.layers.N.`, so a whole checkpoint
+/// costs one hash-map pass up front and nothing per byte.
+pub struct LoadHook<'a> {
+    report: &'a dyn Fn(LoadProgress),
+    /// Tensor bytes under each `model.layers.N` prefix.
+    layer_bytes: HashMap<String, u64>,
+    total: u64,
+    done: Cell<u64>,
+    layers_done: Cell<usize>,
+}
+
+impl<'a> LoadHook<'a> {
+    pub fn new(ckpt: &Checkpoint, report: &'a dyn Fn(LoadProgress)) -> LoadHook<'a> {
+        let mut layer_bytes: HashMap<String, u64> = HashMap::new();
+        let mut total = 0u64;
+        for name in ckpt.tensor_names() {
+            let Some(t) = ckpt.get(name) else { continue };
+            let bytes = (t.end - t.start) as u64;
+            total += bytes;
+            if let Some(prefix) = layer_prefix(name) {
+                *layer_bytes.entry(prefix.to_string()).or_default() += bytes;
+            }
+        }
+        LoadHook {
+            report,
+            layer_bytes,
+            total,
+            done: Cell::new(0),
+            layers_done: Cell::new(0),
+        }
+    }
+
+    /// Tensor bytes of the whole checkpoint.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Reports `done` as it stands.
+    pub fn report(&self, stage: LoadStage, message: impl Into<String>) {
+        (self.report)(LoadProgress {
+            stage,
+            done: self.done.get(),
+            total: self.total,
+            message: message.into(),
+        });
+    }
+
+    /// Counts the layer under `prefix` (`model.layers.N`) as loaded.
+    pub fn layer_loaded(&self, prefix: &str) {
+        // A prefix counted twice would overshoot the total: take its bytes once.
+        let bytes = self.layer_bytes.get(prefix).copied().unwrap_or(0);
+        self.done.set((self.done.get() + bytes).min(self.total));
+        self.layers_done.set(self.layers_done.get() + 1);
+        self.report(
+            LoadStage::Weights,
+            format!(
+                "layer {} of {}",
+                self.layers_done.get(),
+                self.layer_bytes.len()
+            ),
+        );
+    }
+
+    /// Counts everything as loaded (embeddings, head, tensors no layer claimed).
+    pub fn finish(&self, stage: LoadStage, message: impl Into<String>) {
+        self.done.set(self.total);
+        self.report(stage, message);
+    }
+}
+
+/// `model.layers.N` of a tensor named `model.layers.N.…`.
+fn layer_prefix(name: &str) -> Option<&str> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let digits = rest.find('.')?;
+    if digits == 0 || !rest[..digits].bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(&name[.."model.layers.".len() + digits])
 }
 
 // One per layer, never in a hot collection: the size difference costs nothing.
@@ -133,7 +221,7 @@ impl Layer {
         attn: Attention,
         ffn: Ffn,
     ) -> Result<Layer> {
-        Ok(Layer {
+        let layer = Layer {
             attn_norm: ld.norm(&format!("{prefix}.input_layernorm.weight"), d.hidden, d.eps)?,
             attn,
             ffn_norm: ld.norm(
@@ -142,7 +230,10 @@ impl Layer {
                 d.eps,
             )?,
             ffn,
-        })
+        };
+        // Every family finishes a decoder layer here: the one place progress is told.
+        ld.progress.layer_loaded(prefix);
+        Ok(layer)
     }
 
     /// One pre-norm decoder layer over the rows `x` (updated in place), using cache layer

@@ -18,12 +18,19 @@ pub const PREFILL_CHUNK: usize = 512;
 /// Tokens generated when `--max-tokens` is not given (capped to the room left).
 pub const DEFAULT_MAX_TOKENS: usize = 256;
 
-/// Loads a model folder, with a spinner on a terminal. Returns the model and the seconds taken.
+/// Loads a model folder, with a spinner on a terminal (a byte bar with rate and ETA for a
+/// large one; stdout stays clean). Returns the model and the seconds taken.
 pub fn load_model(dir: &Path) -> anyhow::Result<(Model, f64)> {
     let t = Instant::now();
-    let pb = progress::spinner(format!("loading {}", dir.display()));
-    let model = Model::load(dir);
-    pb.finish_and_clear();
+    let bar = std::cell::RefCell::new(progress::LoadBar::new(
+        dir.display().to_string(),
+        progress::LOAD_BAR_MIN_BYTES,
+        false,
+    ));
+    let model = Model::load_with_progress(dir, &|p| {
+        bar.borrow_mut().update(p.done, p.total, &p.message)
+    });
+    bar.borrow().finish();
     Ok((model?, t.elapsed().as_secs_f64()))
 }
 

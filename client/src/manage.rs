@@ -5,7 +5,7 @@ use crate::daemon_discovery::{self, Client, RpcResult};
 use crate::output::{
     expert_key_figures, fmt_bytes, fmt_secs, print_json, print_table, OutputFormat,
 };
-use crate::remote::{load_model, model_id};
+use crate::remote::{load_model_reporting, model_id};
 use crate::Global;
 use anyhow::{anyhow, bail};
 use clap::{Args, Subcommand};
@@ -374,7 +374,7 @@ pub fn load(global: &Global, args: LoadArgs) -> anyhow::Result<()> {
     let model = model_id(&args.model)?;
     let t = Instant::now();
     let info = with_daemon(global, async |c| {
-        load_model(c, &model, args.expert_cache).await
+        load_model_reporting(c, &model, args.expert_cache, true).await
     })?;
     if args.output == OutputFormat::Json {
         return print_json(&json!({

@@ -29,6 +29,17 @@ pub async fn load_model(
     model: &str,
     expert_cache_bytes: Option<u64>,
 ) -> anyhow::Result<pb::ModelInfo> {
+    load_model_reporting(client, model, expert_cache_bytes, false).await
+}
+
+/// [`load_model`]; with `lines`, progress also goes to stderr as plain lines when it is not
+/// a terminal (`coli load`).
+pub async fn load_model_reporting(
+    client: &mut Client,
+    model: &str,
+    expert_cache_bytes: Option<u64>,
+    lines: bool,
+) -> anyhow::Result<pb::ModelInfo> {
     let mut stream = client
         .load_model(pb::LoadModelRequest {
             model: model.to_string(),
@@ -36,7 +47,12 @@ pub async fn load_model(
         })
         .await
         .rpc()?;
-    let pb = progress::spinner(format!("loading {model}"));
+    let name = Path::new(model)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| model.to_string());
+    // The daemon reports per layer, at most every 100 ms: any size gets the byte bar.
+    let mut bar = progress::LoadBar::new(name, 0, lines);
     let result = async {
         while let Some(p) = stream.message().await.map_err(status_error)? {
             if p.stage == Stage::Ready as i32 {
@@ -44,20 +60,14 @@ pub async fn load_model(
                     .info
                     .ok_or_else(|| anyhow!("the daemon reported {model} ready without its info"));
             }
-            if p.total > 0 {
-                pb.set_length(p.total);
-                pb.set_position(p.done);
-            }
-            if !p.message.is_empty() {
-                pb.set_message(format!("loading {model}: {}", p.message));
-            }
+            bar.update(p.done, p.total, &p.message);
         }
         Err(anyhow!(
             "the daemon ended the load of {model} without reporting it ready"
         ))
     }
     .await;
-    pb.finish_and_clear();
+    bar.finish();
     result
 }
 

@@ -6,8 +6,10 @@ use crate::scheduler::{Engine, EngineConfig, EngineShared, Job};
 use crate::snapshot::{self, SnapshotError};
 use crate::state::{self, StateDir};
 use colibri_engine::experts::stream::{self, StreamOptions, Streaming};
+use colibri_engine::model::{LoadProgress, LoadStage};
 use colibri_engine::Model;
 use colibri_proto::v1 as pb;
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -100,9 +102,13 @@ impl ModelHandle {
     }
 }
 
+/// Load progress is forwarded to LoadModel streams at most this often (plus the last report).
+pub const LOAD_PROGRESS_EVERY: Duration = Duration::from_millis(100);
+
 #[derive(Clone)]
 pub enum LoadState {
-    Loading(String),
+    /// Where the engine's load has got (forwarded at most every [`LOAD_PROGRESS_EVERY`]).
+    Loading(LoadProgress),
     Ready(Arc<ModelHandle>),
     Failed(Status),
 }
@@ -209,7 +215,12 @@ impl Daemon {
             Some(Slot::Loading(rx)) => return Ok(rx.clone()),
             None => {}
         }
-        let (tx, rx) = watch::channel(LoadState::Loading(format!("opening {id}")));
+        let (tx, rx) = watch::channel(LoadState::Loading(LoadProgress {
+            stage: LoadStage::Opening,
+            done: 0,
+            total: 0,
+            message: format!("opening {id}"),
+        }));
         models.insert(id.clone(), Slot::Loading(rx.clone()));
         drop(models);
         let daemon = Arc::clone(self);
@@ -236,7 +247,28 @@ impl Daemon {
         expert_cache_bytes: Option<u64>,
     ) {
         let t = Instant::now();
-        let loaded = Model::load(Path::new(&id)).and_then(|mut m| {
+        // Lets tests watch a tiny fixture's load progress: a pause after each report.
+        let pause = std::env::var("COLIBRI_LOAD_PAUSE_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_millis);
+        let last_sent: Cell<Option<Instant>> = Cell::new(None);
+        let report = |p: LoadProgress| {
+            // The engine reports per layer; clients need no more than a few a second, and
+            // always the last (done == total).
+            let due = p.done >= p.total
+                || last_sent
+                    .get()
+                    .is_none_or(|at| at.elapsed() >= LOAD_PROGRESS_EVERY);
+            if due {
+                last_sent.set(Some(Instant::now()));
+                let _ = tx.send(LoadState::Loading(p));
+            }
+            if let Some(d) = pause {
+                std::thread::sleep(d);
+            }
+        };
+        let loaded = Model::load_with_progress(Path::new(&id), &report).and_then(|mut m| {
             let streaming = if self.cfg.stream || expert_cache_bytes.is_some() {
                 let opts = StreamOptions {
                     budget: expert_cache_bytes.or(self.cfg.expert_cache),

@@ -6,6 +6,7 @@ use crate::convert::{self, status_from_engine};
 use crate::daemon::{check_session_id, memory_stats, Daemon, LoadState};
 use crate::scheduler::{GenInput, GenJob, Job, ScoreJob};
 use colibri_engine::experts::Key;
+use colibri_engine::model::LoadStage;
 use colibri_proto::v1 as pb;
 use pb::colibri_server::Colibri;
 use pb::load_model_progress::Stage;
@@ -140,28 +141,42 @@ impl Colibri for Service {
         let (tx, out) = mpsc::channel(8);
         tokio::spawn(async move {
             let mut already = true;
+            // Ready repeats the load's total so a bar ends where it was heading.
+            let mut total = None;
+            let ready = |h: &crate::daemon::ModelHandle, already: bool, total: Option<u64>| {
+                let bytes = total.unwrap_or(h.info.weight_bytes);
+                pb::LoadModelProgress {
+                    stage: Stage::Ready as i32,
+                    done: bytes,
+                    total: bytes,
+                    message: format!("{} ready", h.id),
+                    already_loaded: already,
+                    info: Some(h.info.clone()),
+                }
+            };
             loop {
                 let state = rx.borrow_and_update().clone();
                 let msg = match state {
-                    LoadState::Loading(message) => {
+                    LoadState::Loading(p) => {
                         already = false;
+                        if p.total > 0 {
+                            total = Some(p.total);
+                        }
                         Ok(pb::LoadModelProgress {
-                            stage: Stage::Opening as i32,
-                            message,
+                            stage: match p.stage {
+                                LoadStage::Opening => Stage::Opening,
+                                LoadStage::Weights | LoadStage::Text => Stage::Loading,
+                            } as i32,
+                            done: p.done,
+                            total: p.total,
+                            message: p.message,
                             ..Default::default()
                         })
                     }
-                    LoadState::Ready(h) => Ok(pb::LoadModelProgress {
-                        stage: Stage::Ready as i32,
-                        done: h.info.weight_bytes,
-                        total: h.info.weight_bytes,
-                        message: format!("{} ready", h.id),
-                        already_loaded: already,
-                        info: Some(h.info.clone()),
-                    }),
+                    LoadState::Ready(h) => Ok(ready(&h, already, total)),
                     LoadState::Failed(st) => Err(st),
                 };
-                let last = !matches!(msg, Ok(ref m) if m.stage == Stage::Opening as i32);
+                let last = !matches!(msg, Ok(ref m) if m.stage != Stage::Ready as i32);
                 if tx.send(msg).await.is_err() || last {
                     return;
                 }
@@ -169,12 +184,7 @@ impl Colibri for Service {
                     // The loader dropped its sender: report the final state it left.
                     let state = rx.borrow().clone();
                     let msg = match state {
-                        LoadState::Ready(h) => Ok(pb::LoadModelProgress {
-                            stage: Stage::Ready as i32,
-                            message: format!("{} ready", h.id),
-                            info: Some(h.info.clone()),
-                            ..Default::default()
-                        }),
+                        LoadState::Ready(h) => Ok(ready(&h, false, total)),
                         LoadState::Failed(st) => Err(st),
                         LoadState::Loading(_) => Err(Status::internal("model load was abandoned")),
                     };

@@ -74,8 +74,18 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `colibrid --socket SOCKET --state-dir STATE ARGS..` and waits until it answers.
     pub fn start(socket: &Path, state_dir: &Path, args: &[&str]) -> Daemon {
+        Self::start_with_env(socket, state_dir, args, &[])
+    }
+
+    /// [`start`](Self::start) with extra environment variables (test hooks of the daemon).
+    pub fn start_with_env(
+        socket: &Path,
+        state_dir: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Daemon {
         let log = state_dir.with_extension(format!("{}.log", std::process::id()));
-        let child = Self::spawn(socket, state_dir, args, &log);
+        let child = Self::spawn_with_env(socket, state_dir, args, &log, env);
         let mut d = Daemon {
             child,
             socket: socket.to_path_buf(),
@@ -88,6 +98,16 @@ impl Daemon {
 
     /// Spawns without waiting (for tests of refusals).
     pub fn spawn(socket: &Path, state_dir: &Path, args: &[&str], log: &Path) -> Child {
+        Self::spawn_with_env(socket, state_dir, args, log, &[])
+    }
+
+    fn spawn_with_env(
+        socket: &Path,
+        state_dir: &Path,
+        args: &[&str],
+        log: &Path,
+        env: &[(&str, &str)],
+    ) -> Child {
         let log_file = std::fs::File::create(log).expect("daemon log file");
         Command::new(colibrid_bin())
             .arg("--socket")
@@ -96,6 +116,7 @@ impl Daemon {
             .arg(state_dir)
             .args(args)
             .env("COLIBRID_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().expect("log fd"))
             .stderr(log_file)

@@ -1144,3 +1144,70 @@ async fn finished_stats_carry_the_requests_expert_cache_delta_and_expert_stats_a
     }
     assert!(es.experts.iter().filter(|u| u.misses > 0).count() > 4);
 }
+
+/// LoadModel streams the engine's per-layer progress (throttled to one event per 100 ms,
+/// which the daemon's load pause hook makes visible on a tiny fixture), growing to the
+/// checkpoint's tensor bytes and ending in Ready; a second load is Ready at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_model_streams_layer_progress_up_to_ready() {
+    use pb::load_model_progress::Stage;
+    let p = place();
+    let d = Daemon::start_with_env(
+        &p.socket,
+        &p.state,
+        &[],
+        &[("COLIBRI_LOAD_PAUSE_MS", "150")],
+    );
+    let mut c = d.client().await;
+    let dir = fixture("qwen3_moe");
+    let request = pb::LoadModelRequest {
+        model: dir.display().to_string(),
+        ..Default::default()
+    };
+    let mut s = c.load_model(request.clone()).await.unwrap().into_inner();
+    let mut events = Vec::new();
+    while let Some(e) = s.message().await.unwrap() {
+        events.push(e);
+    }
+    let ready = events.pop().expect("a Ready event");
+    assert_eq!(ready.stage, Stage::Ready as i32, "{ready:?}");
+    assert!(!ready.already_loaded);
+    let layers = ready.info.as_ref().unwrap().num_layers;
+    assert!(events.len() >= 3, "progress events: {events:?}");
+    let total = events.last().unwrap().total;
+    assert!(total > 0);
+    let mut prev = 0;
+    for e in &events {
+        assert!(
+            e.stage == Stage::Opening as i32 || e.stage == Stage::Loading as i32,
+            "{e:?}"
+        );
+        if e.total > 0 {
+            assert_eq!(e.total, total, "{e:?}");
+        }
+        assert!(e.done >= prev && e.done <= total, "{events:?}");
+        prev = e.done;
+    }
+    assert_eq!(
+        prev, total,
+        "the last progress event is the whole checkpoint"
+    );
+    let loading: Vec<_> = events
+        .iter()
+        .filter(|e| e.stage == Stage::Loading as i32)
+        .collect();
+    assert!(
+        loading.len() >= layers as usize,
+        "one event per layer at 150 ms a layer: {events:?}"
+    );
+    assert!(loading
+        .iter()
+        .any(|e| e.message == format!("layer {layers} of {layers}")));
+    assert_eq!((ready.done, ready.total), (total, total));
+
+    let mut again = c.load_model(request).await.unwrap().into_inner();
+    let first = again.message().await.unwrap().unwrap();
+    assert_eq!(first.stage, Stage::Ready as i32);
+    assert!(first.already_loaded);
+    assert!(again.message().await.unwrap().is_none());
+}

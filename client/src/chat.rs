@@ -387,18 +387,22 @@ impl DaemonChat {
         let mut cancel_sent = false;
         let seed = self.sampling.seed.unwrap_or(0);
         loop {
+            // Checked before every wait, not only when the stream is quiet: a fast model's
+            // tokens arrive more often than the 50 ms tick, which then never fires.
+            if !cancel_sent && !request_id.is_empty() && interrupted.load(Ordering::SeqCst) {
+                cancel_sent = true;
+                let _ = self
+                    .client
+                    .cancel(pb::CancelRequest {
+                        request_id: request_id.clone(),
+                        session_id: String::new(),
+                    })
+                    .await;
+            }
             let msg = tokio::select! {
                 m = stream.message() => m.map_err(status_error)?,
-                _ = tokio::time::sleep(Duration::from_millis(50)), if !cancel_sent => {
-                    if interrupted.load(Ordering::SeqCst) && !request_id.is_empty() {
-                        cancel_sent = true;
-                        let _ = self.client.cancel(pb::CancelRequest {
-                            request_id: request_id.clone(),
-                            session_id: String::new(),
-                        }).await;
-                    }
-                    continue;
-                }
+                // Wakes a quiet stream (a long prefill) to look at the flag again.
+                _ = tokio::time::sleep(Duration::from_millis(50)), if !cancel_sent => continue,
             };
             let Some(ev) = msg else {
                 bail!("the daemon closed the reply stream before it finished");

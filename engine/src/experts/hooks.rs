@@ -5,6 +5,7 @@
 use super::stream::Streaming;
 use crate::arch::blocks::RmsNorm;
 use crate::arch::moe::{Moe, Route};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Sees every MoE layer's routing decisions.
@@ -130,13 +131,20 @@ impl Predictor {
     pub fn predict(&self, x: &[f32], n: usize) {
         let h = self.norm.forward(x);
         let routes = self.router.route(&h, n);
-        let mut set: Vec<usize> = routes
-            .iter()
-            .flat_map(|r| r.experts.iter().copied())
-            .collect();
+        // Heaviest first (routing weight summed over the rows): when a prefill predicts more
+        // experts than the prefetch slots hold, the store keeps the likeliest.
+        let mut weight: HashMap<usize, f32> = HashMap::new();
+        for r in &routes {
+            for (&e, &w) in r.experts.iter().zip(&r.weights) {
+                *weight.entry(e).or_default() += w;
+            }
+        }
+        let mut ordered: Vec<(usize, f32)> = weight.into_iter().collect();
+        ordered.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let ordered: Vec<usize> = ordered.into_iter().map(|(e, _)| e).collect();
+        self.stream.store.prefetch(self.layer, &ordered);
+        let mut set = ordered;
         set.sort_unstable();
-        set.dedup();
-        self.stream.store.prefetch(self.layer, &set);
         self.stream.record_prediction(self.layer, set);
     }
 }

@@ -34,10 +34,12 @@ pub fn workspace_bin(bin: &str) -> PathBuf {
     let release = profile_dir.file_name().is_some_and(|n| n == "release");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    // Build every workspace binary, not just this package's: cargo unifies dependency
-    // features per build, and a `colibrid` built alone (other features, other codegen)
-    // gave logits that differ in the last bit from the `coli` and engine built with the
-    // workspace. After `cargo test --workspace` this is a no-op.
+    // Build every workspace binary, not just this package's, so `colibrid` and `coli` come
+    // from the same build as the test (after `cargo test --workspace` a no-op). A daemon
+    // built alone was once seen to differ in the last bit; rechecked since, a `colibrid`
+    // built alone gives the same bits on every fixture (only libc's `extra_traits` feature
+    // differs between the two builds). The difference was most likely engine source
+    // changed between the two builds in a shared tree.
     cmd.args(["build", "--quiet", "--workspace", "--bins"])
         .args(if release {
             ["--profile", "release"]

@@ -157,13 +157,20 @@ impl Model {
         Ok(())
     }
 
+    /// What every forward step checks and reports first: the batch's token ids and
+    /// positions, and (when experts are streamed) the KV bytes the step will leave.
+    fn before_step(&self, batch: &[SeqStep<'_>]) -> Result<()> {
+        for s in batch {
+            self.check_tokens(s.cache.len, s.tokens, "tokens")?;
+        }
+        crate::experts::stream::note_kv_bytes(&self.net, || kv_bytes_after(batch));
+        Ok(())
+    }
+
     /// One batched forward step over several sequences. Returns, per sequence, the logits it
     /// asked for: `vocab` floats for `Last`, `tokens × vocab` for `All`, nothing for `None`.
     pub fn forward(&self, batch: &mut [SeqStep<'_>]) -> Result<Vec<Vec<f32>>> {
-        for s in batch.iter() {
-            self.check_tokens(s.cache.len, s.tokens, "tokens")?;
-        }
-        crate::experts::stream::note_kv_bytes(&self.net, kv_bytes_after(batch));
+        self.before_step(batch)?;
         let out = self.net.forward(batch);
         // A streamed expert that could not be read: this step's outputs are not valid.
         crate::experts::stream::take_error(&self.net)?;
@@ -179,10 +186,7 @@ impl Model {
         batch: &mut [SeqStep<'_>],
         hidden: &[LogitsWanted],
     ) -> Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
-        for s in batch.iter() {
-            self.check_tokens(s.cache.len, s.tokens, "tokens")?;
-        }
-        crate::experts::stream::note_kv_bytes(&self.net, kv_bytes_after(batch));
+        self.before_step(batch)?;
         let out = self.net.forward_with_hidden(batch, hidden);
         crate::experts::stream::take_error(&self.net)?;
         Ok(out)

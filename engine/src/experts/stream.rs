@@ -470,10 +470,10 @@ pub fn streaming_of(net: &Network) -> Option<&Arc<Streaming>> {
 
 /// Before a forward step: the KV bytes the stepped sequences will hold after it (plus the
 /// idle ones') are taken from the expert cache's budget where they exceed its allowance
-/// ([`Streaming::set_kv_bytes`]). No-op without streaming.
-pub fn note_kv_bytes(net: &Network, stepped_after: u64) {
+/// ([`Streaming::set_kv_bytes`]). No-op (not even counted) without streaming.
+pub fn note_kv_bytes(net: &Network, stepped_after: impl FnOnce() -> u64) {
     if let Some(s) = streaming_of(net) {
-        s.set_kv_bytes(stepped_after + s.idle_kv.load(Ordering::Relaxed));
+        s.set_kv_bytes(stepped_after() + s.idle_kv.load(Ordering::Relaxed));
     }
 }
 

@@ -2,34 +2,15 @@
 //! says "stopped"), the daemon's request is cancelled (the session is idle again at once),
 //! the chat goes on, and the session keeps exactly what was shown, so the next turn works.
 
+mod common;
+
+use common::ensure_daemon_binary;
 use serde_json::Value;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Output, Stdio};
 use std::sync::mpsc::{channel, Receiver};
-use std::sync::Once;
 use std::time::{Duration, Instant};
-
-fn ensure_daemon_binary() {
-    static BUILD: Once = Once::new();
-    BUILD.call_once(|| {
-        let coli = Path::new(env!("CARGO_BIN_EXE_coli"));
-        let daemon = coli.with_file_name(format!("colibrid{}", std::env::consts::EXE_SUFFIX));
-        if daemon.is_file() {
-            return;
-        }
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "-p", "colibri-daemon", "--bin", "colibrid"]);
-        if coli.parent().unwrap().ends_with("release") {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().expect("run cargo build for colibrid");
-        assert!(
-            status.success() && daemon.is_file(),
-            "could not build colibrid"
-        );
-    });
-}
 
 /// The olmoe fixture with room for a reply far longer than the test lets it run: the tiny
 /// model writes thousands of tokens a second, and a 256-position context would end the reply

@@ -1,53 +1,12 @@
 //! The `coli` binary's in-process path (`--local`) against the transformers fixtures, and
 //! its behaviour on bad input: a clear one-line error, a non-zero exit, never a panic.
 
+mod common;
+
+use common::{csv, families, fixtures, ids_of, reference};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-
-const FAMILIES: &[&str] = &[
-    "olmoe",
-    "qwen3_moe",
-    "mixtral",
-    "deepseek_v3",
-    "deepseek_v3_noqlora",
-    "glm4_moe",
-    "glm_moe_dsa",
-];
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
-}
-
-/// Families whose fixture folder exists (more are generated over time).
-fn families() -> Vec<(String, PathBuf)> {
-    let f: Vec<_> = FAMILIES
-        .iter()
-        .map(|f| (f.to_string(), fixtures().join(f)))
-        .filter(|(_, d)| d.join("ref.json").exists())
-        .collect();
-    assert!(!f.is_empty(), "no fixtures under {}", fixtures().display());
-    f
-}
-
-fn reference(dir: &Path) -> Value {
-    serde_json::from_slice(&std::fs::read(dir.join("ref.json")).unwrap()).unwrap()
-}
-
-fn ids_of(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn csv(ids: &[u32]) -> String {
-    ids.iter()
-        .map(|i| i.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
 
 fn coli(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_coli"))
@@ -310,7 +269,7 @@ fn unknown_model_type_lists_supported_types() {
     let err = assert_clean_failure(&run_ids_on(tmp.path()));
     assert!(err.contains("llama_moe_9000"), "{err}");
     // Fixture folder names are model types, except variants like deepseek_v3_noqlora.
-    for f in FAMILIES.iter().filter(|f| !f.ends_with("_noqlora")) {
+    for (f, _) in families().iter().filter(|(f, _)| !f.ends_with("_noqlora")) {
         assert!(err.contains(f), "supported type {f} not listed: {err}");
     }
 }

@@ -16,6 +16,7 @@ use crate::convert::{self, now_unix_ms, status_from_engine};
 use crate::snapshot::{self, SessionMeta, SnapshotError, SnapshotMessage};
 use crate::state::{self, StateDir};
 use colibri_engine::experts::StoreStats;
+use colibri_engine::perplexity::{self, Perplexity};
 use colibri_engine::text::ChatMessage;
 use colibri_engine::{
     FinishReason, GenerateRequest, Generation, KvCache, LogitsWanted, Model, SamplingParams,
@@ -64,9 +65,19 @@ pub struct ScoreJob {
     pub reply: oneshot::Sender<Result<pb::ScoreResponse, Status>>,
 }
 
+pub type PerplexitySender = mpsc::UnboundedSender<Result<pb::PerplexityProgress, Status>>;
+
+/// A Perplexity request: its windows are fed like a prompt, one chunk per step.
+pub struct PerplexityJob {
+    pub ids: Vec<u32>,
+    pub ctx: usize,
+    pub events: PerplexitySender,
+}
+
 pub enum Job {
     Generate(GenJob),
     Score(ScoreJob),
+    Perplexity(PerplexityJob),
     CreateSession {
         id: String,
         reply: oneshot::Sender<Result<pb::SessionInfo, Status>>,
@@ -190,9 +201,35 @@ struct ScoreRow {
     reply: Option<oneshot::Sender<Result<pb::ScoreResponse, Status>>>,
 }
 
+/// A Perplexity request in progress: window `window`, of which `fed` positions are in
+/// `cache` (reset between windows).
+struct PerplexityRow {
+    cache: KvCache,
+    ids: Vec<u32>,
+    ctx: usize,
+    windows: usize,
+    window: usize,
+    fed: usize,
+    acc: Perplexity,
+    events: PerplexitySender,
+}
+
+impl PerplexityRow {
+    fn progress(&self, done: bool) -> pb::PerplexityProgress {
+        pb::PerplexityProgress {
+            windows_done: self.acc.windows as u32,
+            windows_total: self.windows as u32,
+            tokens_scored: self.acc.tokens_scored,
+            nll_sum: self.acc.nll_sum,
+            done,
+        }
+    }
+}
+
 enum Row {
     Gen(Box<GenRow>),
     Score(ScoreRow),
+    Perplexity(Box<PerplexityRow>),
 }
 
 impl Row {
@@ -200,6 +237,7 @@ impl Row {
         match self {
             Row::Gen(g) => &mut g.gen.cache,
             Row::Score(s) => &mut s.cache,
+            Row::Perplexity(p) => &mut p.cache,
         }
     }
     fn is_decode(&self) -> bool {
@@ -334,6 +372,38 @@ impl Engine {
                     })),
                     Err(st) => {
                         let _ = s.reply.send(Err(st));
+                        self.shared.outstanding.fetch_sub(1, Ordering::SeqCst);
+                    }
+                }
+            }
+            Job::Perplexity(p) => {
+                let info = &self.model.info;
+                let check = perplexity::window_count(p.ids.len(), p.ctx, info.max_context)
+                    .and_then(|n| {
+                        match self.model.check_tokens(0, &p.ids, "ids") {
+                            // Only each window must fit the context.
+                            Ok(()) | Err(colibri_engine::Error::ContextOverflow { .. }) => Ok(n),
+                            Err(e) => Err(e),
+                        }
+                    })
+                    .map_err(|e| status_from_engine(&e));
+                match check {
+                    Ok(windows) => {
+                        let row = PerplexityRow {
+                            cache: self.model.new_cache(),
+                            ids: p.ids,
+                            ctx: p.ctx,
+                            windows,
+                            window: 0,
+                            fed: 0,
+                            acc: Perplexity::default(),
+                            events: p.events,
+                        };
+                        let _ = row.events.send(Ok(row.progress(false)));
+                        self.waiting.push_back(Row::Perplexity(Box::new(row)));
+                    }
+                    Err(st) => {
+                        let _ = p.events.send(Err(st));
                         self.shared.outstanding.fetch_sub(1, Ordering::SeqCst);
                     }
                 }
@@ -644,6 +714,7 @@ impl Engine {
                     g.gen.finished().is_some()
                 }
                 Row::Score(s) => s.reply.as_ref().is_none_or(|r| r.is_closed()),
+                Row::Perplexity(p) => p.events.is_closed(),
             };
             if gone {
                 let row = self.active.remove(i);
@@ -657,6 +728,7 @@ impl Engine {
             let gone = match &mut self.waiting[j] {
                 Row::Gen(g) => g.events.is_closed() || g.gen.finished().is_some(),
                 Row::Score(s) => s.reply.as_ref().is_none_or(|r| r.is_closed()),
+                Row::Perplexity(p) => p.events.is_closed(),
             };
             if gone {
                 let row = self.waiting.remove(j).expect("index checked");
@@ -708,6 +780,14 @@ impl Engine {
                     prefill_taken = true;
                     let n = chunk.min(s.ids.len() - s.fed);
                     picked.push((i, s.ids[s.fed..s.fed + n].to_vec(), LogitsWanted::All));
+                }
+                Row::Perplexity(p) if !prefill_taken => {
+                    prefill_taken = true;
+                    let scored = chunk.min(perplexity::rows_per_chunk(self.model.info.vocab_size));
+                    let (s, e, want) = perplexity::next_chunk(p.ctx, p.fed, chunk, scored)
+                        .expect("a finished window is moved on right after its last chunk");
+                    let base = p.window * p.ctx;
+                    picked.push((i, p.ids[base + s..base + e].to_vec(), want));
                 }
                 _ => {}
             }
@@ -799,6 +879,32 @@ impl Engine {
                         Outcome::Continue
                     }
                 }
+                Row::Perplexity(p) => {
+                    let base = p.window * p.ctx;
+                    if *want == LogitsWanted::All {
+                        let window = &p.ids[base..base + p.ctx];
+                        let vocab = model.info.vocab_size;
+                        p.acc.score_rows(window, p.fed, vocab, &logits, None);
+                    }
+                    p.fed += tokens.len();
+                    self.tokens_prefilled += tokens.len() as u64;
+                    if perplexity::next_chunk(p.ctx, p.fed, 1, 1).is_some() {
+                        Outcome::Continue
+                    } else {
+                        // The window is done: the next one starts from an empty cache.
+                        p.acc.windows += 1;
+                        p.window += 1;
+                        p.fed = 0;
+                        p.cache.truncate(0);
+                        if p.window == p.windows {
+                            Outcome::Finished(FinishReason::Length)
+                        } else {
+                            // A client that went away is dropped before the next step.
+                            let _ = p.events.send(Ok(p.progress(false)));
+                            Outcome::Continue
+                        }
+                    }
+                }
             };
             if !matches!(outcome, Outcome::Continue) {
                 outcomes.push((*i, outcome));
@@ -822,6 +928,16 @@ impl Engine {
     fn finish_row(&mut self, row: Row, outcome: Outcome) {
         self.shared.outstanding.fetch_sub(1, Ordering::SeqCst);
         match row {
+            Row::Perplexity(p) => {
+                let msg = match outcome {
+                    Outcome::Failed(st) => Err(st),
+                    Outcome::Finished(FinishReason::Cancelled) => {
+                        Err(Status::cancelled("perplexity request cancelled"))
+                    }
+                    _ => Ok(p.progress(true)),
+                };
+                let _ = p.events.send(msg);
+            }
             Row::Score(mut s) => {
                 let Some(reply) = s.reply.take() else { return };
                 let r = match outcome {

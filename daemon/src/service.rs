@@ -4,7 +4,7 @@
 
 use crate::convert::{self, status_from_engine};
 use crate::daemon::{check_session_id, memory_stats, Daemon, LoadState};
-use crate::scheduler::{GenInput, GenJob, Job, ScoreJob};
+use crate::scheduler::{GenInput, GenJob, Job, PerplexityJob, ScoreJob};
 use colibri_engine::experts::Key;
 use colibri_engine::model::LoadStage;
 use colibri_proto::v1 as pb;
@@ -368,6 +368,35 @@ impl Colibri for Service {
             }),
         )?;
         rx.await.map_err(|_| engine_gone())?.map(Response::new)
+    }
+
+    type PerplexityStream = BoxStream<pb::PerplexityProgress>;
+
+    async fn perplexity(
+        &self,
+        req: Request<pb::PerplexityRequest>,
+    ) -> Result<Response<Self::PerplexityStream>, Status> {
+        let req = req.into_inner();
+        let h = self.daemon.resolve(&req.model).await?;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let admission = h.admit()?;
+        h.send_admitted(
+            admission,
+            Job::Perplexity(PerplexityJob {
+                ids: req.ids,
+                ctx: req.ctx as usize,
+                events: tx,
+            }),
+        )?;
+        // The engine answers a refused request with an error, an accepted one with a first
+        // progress message (no window done): a refusal fails the call itself.
+        match rx.recv().await {
+            Some(Ok(first)) => Ok(Response::new(Box::pin(
+                tokio_stream::once(Ok(first)).chain(UnboundedReceiverStream::new(rx)),
+            ))),
+            Some(Err(st)) => Err(st),
+            None => Err(engine_gone()),
+        }
     }
 
     async fn create_session(

@@ -11,6 +11,7 @@
 //! - [`sample`] — samplers.
 //! - [`generate`]: the step-by-step generation state machine shared by CLI and daemon.
 //! - [`speculative`]: speculative decoding with the model's MTP layers.
+//! - [`perplexity`]: llama-perplexity's windowed perplexity (and KL against a reference).
 
 pub mod arch;
 pub mod bench;
@@ -22,6 +23,7 @@ pub mod generate;
 pub mod kernels;
 pub mod kv;
 pub mod model;
+pub mod perplexity;
 pub mod quant;
 pub mod sample;
 pub mod speculative;

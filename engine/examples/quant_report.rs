@@ -46,6 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 output: tmp.path().to_path_buf(),
                 experts: parse_format(ex, g)?,
                 dense: parse_format(dense, 0)?,
+                attention: None,
             };
             convert(&opts, &())?;
             // Each row states its activation policy: f32 unless the label says int8.

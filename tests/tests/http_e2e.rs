@@ -807,3 +807,58 @@ async fn coli_serve_loads_the_model_and_starts_the_api() {
     let st = c.status(pb::StatusRequest {}).await.unwrap().into_inner();
     assert_eq!(st.http_url, url);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_by_an_unload_ends_with_an_error_event() {
+    // One prompt token per step: the unload arrives while the long prompt is prefilled.
+    let (s, mut c) = serve(&["--solo-prefill-chunk", "1"], &["olmoe"]).await;
+    let addr = s.addr;
+    let long = "sea ".repeat(100);
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            json!({"model": "olmoe", "stream": true, "ignore_eos": true,
+            "messages": [{"role": "user", "content": long}]}),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "olmoe", "stream": true, "max_tokens": 100000,
+            "messages": [{"role": "user", "content": long}]}),
+        ),
+    ] {
+        load(&mut c, &fixture("olmoe")).await;
+        let b = body.clone();
+        let (status, mut conn, _) = blocking(move || open_stream(addr, path, &b)).await;
+        assert_eq!(status, 200);
+        c.unload_model(pb::UnloadModelRequest {
+            model: fixture("olmoe").display().to_string(),
+        })
+        .await
+        .unwrap();
+        let rest = blocking(move || {
+            let mut text = String::new();
+            while let Some(chunk) = http::read_chunk(&mut conn) {
+                text.push_str(&String::from_utf8_lossy(&chunk));
+            }
+            text
+        })
+        .await;
+        let events = http::sse_events(&rest);
+        let (name, data) = events
+            .last()
+            .unwrap_or_else(|| panic!("{path}: nothing after the unload"));
+        let v: Value = serde_json::from_str(data).unwrap();
+        if path == "/v1/messages" {
+            assert_eq!(name, "error", "{rest}");
+            assert_eq!(v["error"]["type"], "overloaded_error", "{v}");
+        } else {
+            assert!(
+                v["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("cancelled"),
+                "{v}"
+            );
+        }
+    }
+}

@@ -292,11 +292,16 @@ def load(docs: Path = DEFAULT_DOCS, seed: int = 0) -> Corpus:
 
 if __name__ == "__main__":
     import argparse
+    import sys
     ap = argparse.ArgumentParser()
     ap.add_argument("--docs", type=Path, default=DEFAULT_DOCS)
     ap.add_argument("--show", help="print the plain text of one file (path under --docs, no suffix)")
+    ap.add_argument("--held-out", action="store_true",
+                    help="print the held-out text exactly as train.py writes held_out.txt")
     a = ap.parse_args()
-    if a.show:
+    if a.held_out:
+        sys.stdout.write("\n\n".join(load(a.docs).held_out))
+    elif a.show:
         t, secs = rst_to_text((a.docs / (a.show + ".rst.txt")).read_text())
         print(t)
         for s in secs[:5]:

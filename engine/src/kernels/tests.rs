@@ -151,7 +151,7 @@ fn fast_paths_match_the_scalar_reference() {
                     let (wr, sr) = row_of(&m, r);
                     for t in 0..n {
                         let act = input.act(t, int8);
-                        let reference = scalar::dot_act(format, wr, sr, &act);
+                        let reference = scalar::dot_row(format, wr, sr, &act);
                         let mag = magnitude(format, wr, sr, act.x);
                         let fast = out[t * rows + r];
                         assert!(
@@ -309,12 +309,35 @@ fn int8_activations_stay_close_to_f32() {
         let x: Vec<f32> = (0..256).map(|_| rng.f()).collect();
         let exact = scalar::dot(format, &w, &s, &x);
         let input = Input::new(&x, 1);
-        let q = scalar::dot_act(format, &w, &s, &input.act(0, true));
+        let q = scalar::dot_row(format, &w, &s, &input.act(0, true));
         let mag = magnitude(format, &w, &s, &x);
         // Activation rounding error is at most half a step (amax/254) per element.
         assert!(
             (exact - q).abs() <= mag / 127.0,
             "{format:?}: {exact} vs {q}"
         );
+    }
+}
+
+#[test]
+fn the_per_row_api_agrees_with_the_input_rows() {
+    // `prepare` (per-row kernels, fallback levels) and `Input` quantize the same bytes, so
+    // the reference gives the same value through either.
+    let mut rng = Rng(21);
+    for format in formats() {
+        for cols in [7, 64, 200, 1000] {
+            let (w, s) = random_row(format, cols, &mut rng);
+            let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
+            let input = Input::new(&x, 1);
+            for int8 in [false, true] {
+                let int8 = int8 && q8_supported(format, cols);
+                let a = prepare(format, &x, int8);
+                assert_eq!(
+                    scalar::dot_act(format, &w, &s, &a),
+                    scalar::dot_row(format, &w, &s, &input.act(0, int8)),
+                    "{format:?} {cols}"
+                );
+            }
+        }
     }
 }

@@ -19,6 +19,8 @@ pub mod scalar;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_row;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
@@ -745,10 +747,13 @@ pub fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32], qsum: &mut [i32]) {
     }
 }
 
-/// `dot(row, act)` for one weight row in `format` with its scales, on the per-row path of
-/// this level (NEON, else the reference).
+/// `dot(row, act)` for one weight row in `format` with its scales, on the per-row kernels
+/// of this level (AVX2, NEON, else the reference).
 pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 {
     match level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Level::Avx2 is only chosen when avx2, fma and f16c are detected.
+        Level::Avx2 => unsafe { avx2_row::dot_act(format, w, scales, act) },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: Level::Neon is only chosen when neon is detected.
         Level::Neon => unsafe { neon::dot_act(format, w, scales, act) },

@@ -341,3 +341,28 @@ fn the_per_row_api_agrees_with_the_input_rows() {
         }
     }
 }
+
+#[test]
+fn per_row_fast_paths_match_the_scalar_reference() {
+    let mut rng = Rng(0x5eed_1234);
+    let mut checked = 0;
+    for format in formats() {
+        for _ in 0..40 {
+            let cols = random_cols(&mut rng);
+            let (w, s) = random_row(format, cols, &mut rng);
+            let x: Vec<f32> = (0..cols).map(|_| rng.f() * 3.0).collect();
+            let mag = magnitude(format, &w, &s, &x);
+            for int8 in [false, true] {
+                let act = prepare(format, &x, int8);
+                let fast = dot_act(format, &w, &s, &act);
+                let reference = scalar::dot_act(format, &w, &s, &act);
+                assert!(
+                    (fast - reference).abs() <= 2e-5 * mag,
+                    "{format:?} cols {cols} int8 {int8}: fast {fast} vs reference {reference}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 1000);
+}

@@ -154,7 +154,7 @@ pub fn dot_q8_blocks(
     let st = format.scale_type().unwrap_or(ScaleType::F32);
     let (q, d) = (a.q(), a.d());
     let mut total = 0f32;
-    for b in first..cols.div_ceil(QBLOCK) {
+    for (b, db) in d.iter().enumerate().take(cols.div_ceil(QBLOCK)).skip(first) {
         let r = block_range(b, cols);
         let s = scale_at(st, scales, r.start / g);
         let isum: i32 = match format {
@@ -173,7 +173,7 @@ pub fn dot_q8_blocks(
         } else {
             isum as f32
         };
-        total = isum.mul_add(d[b] * s, total);
+        total = isum.mul_add(db * s, total);
     }
     total
 }

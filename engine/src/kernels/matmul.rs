@@ -118,10 +118,11 @@ unsafe fn run_rows(
         // input was prepared for this format by `matmul_many`.
         Level::Avx2 => super::avx2::matmul_rows(w, input, rows, out, ld),
         _ => {
-            for r in rows {
-                for t in 0..input.n {
-                    let v = super::dot_act(w.format, w.row(r), w.srow(r), &input.act(t, w.int8));
-                    *out.add(t * ld + r) = v;
+            // The per-row kernels: each token prepared once, every row against it.
+            for t in 0..input.n {
+                let a = super::prepare(w.format, input.row(t), w.int8);
+                for r in rows.clone() {
+                    *out.add(t * ld + r) = super::dot_act(w.format, w.row(r), w.srow(r), &a);
                 }
             }
         }

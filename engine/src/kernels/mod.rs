@@ -19,6 +19,8 @@ pub mod scalar;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_row;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
@@ -283,12 +285,138 @@ pub struct Q8Row<'a> {
     pub qsum: &'a [i32],
 }
 
-/// One activation row as the reference kernels see it.
+/// One activation row of an [`Input`] as the reference kernels see it (borrowed).
 #[derive(Clone, Copy, Debug)]
-pub struct Act<'a> {
+pub struct ActRow<'a> {
     pub x: &'a [f32],
     /// Present when the matrix uses int8 activations.
     pub q8: Option<Q8Row<'a>>,
+}
+
+/// Quantized activations as the reference kernels read them (either form).
+pub trait Q8View {
+    fn q(&self) -> &[i8];
+    fn d(&self) -> &[f32];
+}
+
+impl Q8View for Q8Row<'_> {
+    fn q(&self) -> &[i8] {
+        self.q
+    }
+    fn d(&self) -> &[f32] {
+        self.d
+    }
+}
+
+impl Q8View for Q8Act {
+    fn q(&self) -> &[i8] {
+        &self.q
+    }
+    fn d(&self) -> &[f32] {
+        &self.d
+    }
+}
+
+// The per-row API (one owned prepared row per call): the per-row kernels (NEON, formats
+// without tiles) and the reference fallback use it; the tiles use `Input`.
+
+/// Activations quantized to int8 per 32-element block: `x[j] ≈ q[j] * d[j / 32]`.
+#[derive(Clone, Debug, Default)]
+pub struct Q8Act {
+    /// Natural order.
+    pub q: Vec<i8>,
+    /// One scale per block (the last block may be partial).
+    pub d: Vec<f32>,
+    /// `sum(q)` per block (the offset correction of the int4/int2 codes).
+    pub qsum: Vec<i32>,
+    /// int4 SIMD order: per pair of full blocks A, B: `[A even | B even | A odd | B odd]`.
+    pub qp: Vec<i8>,
+    /// int4 SIMD: per pair, the block scales as the 8 lanes of the pair's sums `[dA×4, dB×4]`.
+    pub d8: Vec<f32>,
+    /// int4 SIMD: per pair, the code offset `8·sum(q)` of A in lane 0 and of B in lane 4, so
+    /// the correction is one integer subtraction.
+    pub corr8: Vec<i32>,
+}
+
+/// One activation row prepared for one weight format.
+#[derive(Clone, Debug, Default)]
+pub struct Act {
+    /// The activations, natural order.
+    pub x: Vec<f32>,
+    /// int4 f32 path: per full block, `[even 0..16 | odd 0..16 | even 16..32 | odd 16..32]`.
+    pub xp: Vec<f32>,
+    /// Sum of `x` per full block (offset correction of the int4/int2 codes).
+    pub bsum: Vec<f32>,
+    pub q8: Option<Q8Act>,
+}
+
+/// Quantizes `x` per 32-element block ([`quantize_row`]), with the int4 order if asked.
+pub fn quantize_act(x: &[f32], with_int4_order: bool) -> Q8Act {
+    let nb = x.len().div_ceil(QBLOCK);
+    let mut a = Q8Act {
+        q: vec![0; x.len()],
+        d: vec![0.0; nb],
+        qsum: vec![0; nb],
+        ..Default::default()
+    };
+    quantize_row(x, &mut a.q, &mut a.d, &mut a.qsum);
+    if with_int4_order {
+        let pairs = x.len() / QBLOCK / 2;
+        a.qp = vec![0; pairs * 64];
+        a.d8 = vec![0.0; pairs * 8];
+        a.corr8 = vec![0; pairs * 8];
+        for p in 0..pairs {
+            for k in 0..4 {
+                a.d8[p * 8 + k] = a.d[2 * p];
+                a.d8[p * 8 + 4 + k] = a.d[2 * p + 1];
+            }
+            a.corr8[p * 8] = 8 * a.qsum[2 * p];
+            a.corr8[p * 8 + 4] = 8 * a.qsum[2 * p + 1];
+            let out = &mut a.qp[p * 64..(p + 1) * 64];
+            for (h, blk) in [2 * p, 2 * p + 1].into_iter().enumerate() {
+                let q = &a.q[blk * QBLOCK..(blk + 1) * QBLOCK];
+                for k in 0..16 {
+                    out[h * 16 + k] = q[2 * k];
+                    out[32 + h * 16 + k] = q[2 * k + 1];
+                }
+            }
+        }
+    }
+    a
+}
+
+/// Prepares one activation row for `format`. `int8` asks for quantized activations; it is
+/// honoured only where [`q8_supported`].
+pub fn prepare(format: WeightFormat, x: &[f32], int8: bool) -> Act {
+    let cols = x.len();
+    let full = cols / QBLOCK;
+    let mut act = Act {
+        x: x.to_vec(),
+        ..Default::default()
+    };
+    if int8 && q8_supported(format, cols) {
+        act.q8 = Some(quantize_act(x, matches!(format, WeightFormat::I4 { .. })));
+        return act;
+    }
+    if matches!(format, WeightFormat::I4 { .. } | WeightFormat::I2 { .. }) {
+        act.bsum = (0..full)
+            .map(|b| x[b * QBLOCK..(b + 1) * QBLOCK].iter().sum())
+            .collect();
+    }
+    if matches!(format, WeightFormat::I4 { .. }) {
+        act.xp = vec![0.0; full * QBLOCK];
+        for b in 0..full {
+            let src = &x[b * QBLOCK..(b + 1) * QBLOCK];
+            let dst = &mut act.xp[b * QBLOCK..(b + 1) * QBLOCK];
+            for half in 0..2 {
+                for k in 0..8 {
+                    dst[half * 16 + k] = src[half * 16 + 2 * k];
+                    dst[half * 16 + 8 + k] = src[half * 16 + 2 * k + 1];
+                }
+            }
+        }
+    }
+    act
 }
 
 /// `n` activation rows quantized per block (natural order), back to back.
@@ -592,9 +720,9 @@ impl<'a> Input<'a> {
     }
 
     /// Row `t` as the reference kernels take it.
-    pub fn act(&self, t: usize, int8: bool) -> Act<'_> {
+    pub fn act(&self, t: usize, int8: bool) -> ActRow<'_> {
         let nb = self.blocks();
-        Act {
+        ActRow {
             x: self.row(t),
             q8: int8.then(|| {
                 let a = self.q8();
@@ -619,9 +747,13 @@ pub fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32], qsum: &mut [i32]) {
     }
 }
 
-/// `dot(row, act)` for one weight row in `format` with its scales, on the fastest path.
+/// `dot(row, act)` for one weight row in `format` with its scales, on the per-row kernels
+/// of this level (AVX2, NEON, else the reference).
 pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 {
     match level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Level::Avx2 is only chosen when avx2, fma and f16c are detected.
+        Level::Avx2 => unsafe { avx2_row::dot_act(format, w, scales, act) },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: Level::Neon is only chosen when neon is detected.
         Level::Neon => unsafe { neon::dot_act(format, w, scales, act) },
@@ -640,9 +772,9 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     }
 }
 
-/// `dot(row, x)` with f32 activations (one-off dots: tests, derived weights).
+/// `dot(row, x)` with f32 activations (prepares `x` on every call: for one-off dots).
 pub fn dot(format: WeightFormat, w: &[u8], scales: &[u8], x: &[f32]) -> f32 {
-    scalar::dot(format, w, scales, x)
+    dot_act(format, w, scales, &prepare(format, x, false))
 }
 
 /// Decodes (dequantizes) one row into `out` (length = cols).

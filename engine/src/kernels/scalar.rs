@@ -1,7 +1,7 @@
 //! Scalar reference kernels. They define what every SIMD path must compute (the property
 //! tests compare against them) and they are the fallback where no SIMD path applies.
 
-use super::{block_range, Act, Q8Row, QBLOCK};
+use super::{block_range, Act, ActRow, Q8View, QBLOCK};
 use crate::tensor::{ScaleType, WeightFormat};
 
 /// Multi-accumulator f32 dot product (the compiler vectorises it).
@@ -136,7 +136,7 @@ pub fn dot(format: WeightFormat, w: &[u8], scales: &[u8], x: &[f32]) -> f32 {
 /// Reference `dot(row, x)` with int8 activations `a` (natural order): per 32-element block
 /// an exact integer sum of code × q, times the block's activation scale and the weight
 /// scale of the group holding the block.
-pub fn dot_q8(format: WeightFormat, w: &[u8], scales: &[u8], a: &Q8Row, cols: usize) -> f32 {
+pub fn dot_q8(format: WeightFormat, w: &[u8], scales: &[u8], a: &impl Q8View, cols: usize) -> f32 {
     dot_q8_blocks(format, w, scales, a, cols, 0)
 }
 
@@ -146,24 +146,25 @@ pub fn dot_q8_blocks(
     format: WeightFormat,
     w: &[u8],
     scales: &[u8],
-    a: &Q8Row,
+    a: &impl Q8View,
     cols: usize,
     first: usize,
 ) -> f32 {
     let g = format.group_len(cols).unwrap_or(cols);
     let st = format.scale_type().unwrap_or(ScaleType::F32);
+    let (q, d) = (a.q(), a.d());
     let mut total = 0f32;
-    for b in first..cols.div_ceil(QBLOCK) {
+    for (b, db) in d.iter().enumerate().take(cols.div_ceil(QBLOCK)).skip(first) {
         let r = block_range(b, cols);
         let s = scale_at(st, scales, r.start / g);
         let isum: i32 = match format {
             WeightFormat::I8Row | WeightFormat::I8 { .. } => {
-                r.map(|j| (w[j] as i8 as i32) * a.q[j] as i32).sum()
+                r.map(|j| (w[j] as i8 as i32) * q[j] as i32).sum()
             }
-            WeightFormat::I4 { .. } => r.map(|j| (i4_code(w, j) as i32 - 8) * a.q[j] as i32).sum(),
+            WeightFormat::I4 { .. } => r.map(|j| (i4_code(w, j) as i32 - 8) * q[j] as i32).sum(),
             // (c - 1.5) * q summed as (2c - 3) * q / 2, exact in integers.
             WeightFormat::I2 { .. } => r
-                .map(|j| (2 * i2_code(w, j, cols) as i32 - 3) * a.q[j] as i32)
+                .map(|j| (2 * i2_code(w, j, cols) as i32 - 3) * q[j] as i32)
                 .sum(),
             _ => unreachable!("dot_q8 is only called for quantized formats"),
         };
@@ -172,13 +173,21 @@ pub fn dot_q8_blocks(
         } else {
             isum as f32
         };
-        total = isum.mul_add(a.d[b] * s, total);
+        total = isum.mul_add(db * s, total);
     }
     total
 }
 
 /// Reference for a prepared activation: dispatches to [`dot`] or [`dot_q8`].
 pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 {
+    match &act.q8 {
+        Some(a) => dot_q8(format, w, scales, a, act.x.len()),
+        None => dot(format, w, scales, &act.x),
+    }
+}
+
+/// [`dot_act`] for a row of an `Input`.
+pub fn dot_row(format: WeightFormat, w: &[u8], scales: &[u8], act: &ActRow) -> f32 {
     match &act.q8 {
         Some(a) => dot_q8(format, w, scales, a, act.x.len()),
         None => dot(format, w, scales, act.x),

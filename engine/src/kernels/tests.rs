@@ -151,7 +151,7 @@ fn fast_paths_match_the_scalar_reference() {
                     let (wr, sr) = row_of(&m, r);
                     for t in 0..n {
                         let act = input.act(t, int8);
-                        let reference = scalar::dot_act(format, wr, sr, &act);
+                        let reference = scalar::dot_row(format, wr, sr, &act);
                         let mag = magnitude(format, wr, sr, act.x);
                         let fast = out[t * rows + r];
                         assert!(
@@ -309,7 +309,7 @@ fn int8_activations_stay_close_to_f32() {
         let x: Vec<f32> = (0..256).map(|_| rng.f()).collect();
         let exact = scalar::dot(format, &w, &s, &x);
         let input = Input::new(&x, 1);
-        let q = scalar::dot_act(format, &w, &s, &input.act(0, true));
+        let q = scalar::dot_row(format, &w, &s, &input.act(0, true));
         let mag = magnitude(format, &w, &s, &x);
         // Activation rounding error is at most half a step (amax/254) per element.
         assert!(
@@ -317,4 +317,52 @@ fn int8_activations_stay_close_to_f32() {
             "{format:?}: {exact} vs {q}"
         );
     }
+}
+
+#[test]
+fn the_per_row_api_agrees_with_the_input_rows() {
+    // `prepare` (per-row kernels, fallback levels) and `Input` quantize the same bytes, so
+    // the reference gives the same value through either.
+    let mut rng = Rng(21);
+    for format in formats() {
+        for cols in [7, 64, 200, 1000] {
+            let (w, s) = random_row(format, cols, &mut rng);
+            let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
+            let input = Input::new(&x, 1);
+            for int8 in [false, true] {
+                let int8 = int8 && q8_supported(format, cols);
+                let a = prepare(format, &x, int8);
+                assert_eq!(
+                    scalar::dot_act(format, &w, &s, &a),
+                    scalar::dot_row(format, &w, &s, &input.act(0, int8)),
+                    "{format:?} {cols}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn per_row_fast_paths_match_the_scalar_reference() {
+    let mut rng = Rng(0x5eed_1234);
+    let mut checked = 0;
+    for format in formats() {
+        for _ in 0..40 {
+            let cols = random_cols(&mut rng);
+            let (w, s) = random_row(format, cols, &mut rng);
+            let x: Vec<f32> = (0..cols).map(|_| rng.f() * 3.0).collect();
+            let mag = magnitude(format, &w, &s, &x);
+            for int8 in [false, true] {
+                let act = prepare(format, &x, int8);
+                let fast = dot_act(format, &w, &s, &act);
+                let reference = scalar::dot_act(format, &w, &s, &act);
+                assert!(
+                    (fast - reference).abs() <= 2e-5 * mag,
+                    "{format:?} cols {cols} int8 {int8}: fast {fast} vs reference {reference}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 1000);
 }

@@ -13,7 +13,9 @@ pub fn status_from_engine(e: &Error) -> Status {
     let msg = e.to_string();
     match e {
         Error::InvalidArgument { .. } | Error::Tokenizer(_) => Status::invalid_argument(msg),
-        Error::ContextOverflow { .. } => Status::invalid_argument(format!("prompt: {msg}")),
+        Error::ContextOverflow { .. } | Error::TextTooLong { .. } => {
+            Status::invalid_argument(format!("prompt: {msg}"))
+        }
         Error::Template(_) => Status::failed_precondition(msg),
         Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
             Status::not_found(msg)

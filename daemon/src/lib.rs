@@ -3,6 +3,7 @@
 //!
 //! - [`transport`]: the Unix socket / named pipe, its permissions and peer checks.
 //! - [`service`]: gRPC handlers (validate, route, wait; never compute).
+//! - [`limits`]: what one request may cost; the checks shared by every front door.
 //! - [`daemon`]: loaded models and their engine threads, sessions across models and disk.
 //! - [`scheduler`]: the engine thread: batched steps over all live generations.
 //! - [`snapshot`] and [`state`]: session snapshots and other persisted files.
@@ -10,6 +11,7 @@
 
 pub mod convert;
 pub mod daemon;
+pub mod limits;
 pub mod scheduler;
 pub mod server;
 pub mod service;

@@ -134,9 +134,10 @@ async fn serve(
     let colibri = pb::colibri_server::ColibriServer::new(Service {
         daemon: Arc::clone(&daemon),
     })
-    // Score answers carry positions × vocab logits; requests may carry long prompts.
-    .max_decoding_message_size(256 << 20)
-    .max_encoding_message_size(usize::MAX);
+    // Requests may carry long prompts; Score answers carry positions × vocab logits. Both
+    // are bounded (crate::limits, docs/daemon.md).
+    .max_decoding_message_size(crate::limits::MAX_REQUEST_BYTES)
+    .max_encoding_message_size(crate::limits::MAX_RESPONSE_BYTES);
 
     #[cfg(unix)]
     let incoming = transport::incoming(endpoint.listener.try_clone()?)?;

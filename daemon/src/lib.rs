@@ -1,6 +1,7 @@
 //! colibrid: the long-lived daemon that keeps models warm and serves colibri.v1 over a
 //! local socket.
 //!
+//! - [`authority`]: lets gRPC C-core clients' socket-path `:authority` through h2.
 //! - [`transport`]: the Unix socket / named pipe, its permissions and peer checks.
 //! - [`service`]: gRPC handlers (validate, route, wait; never compute).
 //! - [`limits`]: what one request may cost; the checks shared by every front door.
@@ -9,6 +10,7 @@
 //! - [`snapshot`] and [`state`]: session snapshots and other persisted files.
 //! - [`server`]: putting it together (health, reflection, signals, shutdown).
 
+pub mod authority;
 pub mod convert;
 pub mod daemon;
 pub mod limits;

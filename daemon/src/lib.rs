@@ -5,6 +5,7 @@
 //! - [`transport`]: the Unix socket / named pipe, its permissions and peer checks.
 //! - [`service`]: gRPC handlers (validate, route, wait; never compute).
 //! - [`limits`]: what one request may cost; the checks shared by every front door.
+//! - [`memory`]: allocator settings and trimming, so RSS returns after large requests.
 //! - [`daemon`]: loaded models and their engine threads, sessions across models and disk.
 //! - [`scheduler`]: the engine thread: batched steps over all live generations.
 //! - [`snapshot`] and [`state`]: session snapshots and other persisted files.
@@ -14,6 +15,7 @@ pub mod authority;
 pub mod convert;
 pub mod daemon;
 pub mod limits;
+pub mod memory;
 pub mod scheduler;
 pub mod server;
 pub mod service;

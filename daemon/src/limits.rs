@@ -45,6 +45,7 @@ pub fn encode_text(
     room: usize,
     field: &str,
 ) -> Result<Vec<u32>, Status> {
+    crate::memory::note_large(s.len());
     text.encode_within(s, add_special, room)
         .map_err(|e| text_status(field, &e))
 }
@@ -71,6 +72,7 @@ pub fn encode_chat(
 /// The O(1) check a handler makes before queueing a text prompt: it must be able to fit an
 /// empty context (the engine thread checks the exact room, a session's included).
 pub fn check_prompt_bytes(model: &Model, bytes: usize, field: &str) -> Result<(), Status> {
+    crate::memory::note_large(bytes);
     match &model.text {
         Some(t) => t
             .check_text_bytes(bytes, model.info.max_context)

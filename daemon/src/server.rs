@@ -57,6 +57,8 @@ pub struct Args {
 }
 
 pub fn main() -> ExitCode {
+    let memory = crate::memory::Policy::from_env();
+    crate::memory::configure(memory);
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("COLIBRID_LOG")
@@ -65,7 +67,7 @@ pub fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    match run(args) {
+    match run(args, memory) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("colibrid: {e:#}");
@@ -74,7 +76,7 @@ pub fn main() -> ExitCode {
     }
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: Args, memory: crate::memory::Policy) -> anyhow::Result<()> {
     let socket = args
         .socket
         .clone()
@@ -108,6 +110,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .enable_all()
         .thread_name("colibrid-rpc")
         .build()?;
+    rt.spawn(crate::memory::watch(memory));
     let result = rt.block_on(serve(Arc::clone(&daemon), &endpoint, sessions.len()));
     endpoint.cleanup();
     rt.shutdown_timeout(Duration::from_secs(2));

@@ -8,7 +8,7 @@
 //! ```
 //!
 //! Options: `--minutes M` / `--seconds S` (default 5 minutes), `--concurrency N` (16),
-//! `--model DIR` (the olmoe fixture), `--no-kill`, `--burst-only`. `colibrid` is built
+//! `--model DIR` (the olmoe fixture), `--no-kill`, `--no-oversize`, `--burst-only`. `colibrid` is built
 //! for this profile, or taken from `COLIBRID_BIN`.
 //!
 //! 1. **Warm-up**: every kind of request once, then idle: the steady-state RSS.
@@ -56,6 +56,8 @@ pub struct Opts {
     pub second_model: PathBuf,
     pub kill: bool,
     pub burst_only: bool,
+    /// Leave the oversize inputs out of the traffic (to see what they cost the rest).
+    pub oversize: bool,
 }
 
 impl Opts {
@@ -67,6 +69,7 @@ impl Opts {
             second_model: fixture("qwen3_moe"),
             kill: true,
             burst_only: false,
+            oversize: true,
         }
     }
 
@@ -89,6 +92,10 @@ impl Opts {
                 "--model" => o.model = PathBuf::from(v()),
                 "--no-kill" => {
                     o.kill = false;
+                    flag = false;
+                }
+                "--no-oversize" => {
+                    o.oversize = false;
                     flag = false;
                 }
                 "--burst-only" => {
@@ -359,6 +366,7 @@ struct Shared {
     pid: AtomicU32,
     stats: Mutex<Stats>,
     big: Arc<String>,
+    oversize: bool,
 }
 
 async fn connect(socket: &Path) -> Option<ColibriClient<Channel>> {
@@ -435,7 +443,8 @@ async fn worker(sh: Arc<Shared>, n: usize) -> u64 {
         let kind = match roll {
             0..=29 => Kind::Generate,
             30..=39 => Kind::Cancelled,
-            40..=44 => Kind::Oversize,
+            40..=44 if sh.oversize => Kind::Oversize,
+            40..=44 => Kind::Small,
             45..=74 => Kind::SessionTurn,
             _ => Kind::Small,
         };
@@ -772,24 +781,51 @@ async fn wait_persisted(c: &mut ColibriClient<Channel>, ws: &[Witness]) -> bool 
     false
 }
 
+/// [`check_one_witness`], tried again when the model was being unloaded meanwhile.
 async fn check_witness(c: &mut ColibriClient<Channel>, w: &Witness) -> Result<String, String> {
+    let mut last = String::new();
+    for _ in 0..5 {
+        match check_one_witness(c, w).await {
+            Ok(s) => return Ok(s),
+            Err((true, e)) => last = e,
+            Err((false, e)) => return Err(e),
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    Err(last)
+}
+
+/// Err((transient, why)).
+async fn check_one_witness(
+    c: &mut ColibriClient<Channel>,
+    w: &Witness,
+) -> Result<String, (bool, String)> {
+    let transient = |e: &tonic::Status| {
+        matches!(
+            e.code(),
+            Code::NotFound | Code::Unavailable | Code::Cancelled
+        ) && !e.message().contains("no session")
+    };
     let r = c
         .resume_session(pb::ResumeSessionRequest {
             id: w.id.clone(),
             load_model: true,
         })
         .await
-        .map_err(|e| format!("ResumeSession: {e:?}"))?
+        .map_err(|e| (transient(&e), format!("ResumeSession: {e:?}")))?
         .into_inner();
     let info = r.session.unwrap_or_default();
     if info.history_tokens as usize != w.history.len() {
-        return Err(format!(
-            "{} tokens back, {} before",
-            info.history_tokens,
-            w.history.len()
+        return Err((
+            false,
+            format!(
+                "{} tokens back, {} before",
+                info.history_tokens,
+                w.history.len()
+            ),
         ));
     }
-    let (ids, _) = generate(
+    let (ids, reason) = generate(
         c,
         pb::GenerateRequest {
             session_id: w.id.clone(),
@@ -799,11 +835,17 @@ async fn check_witness(c: &mut ColibriClient<Channel>, w: &Witness) -> Result<St
         },
     )
     .await
-    .map_err(|e| format!("continuing: {e:?}"))?;
+    .map_err(|e| (transient(&e), format!("continuing: {e:?}")))?;
+    if reason == pb::FinishReason::Cancelled as i32 {
+        return Err((false, "the continuation was cancelled by an unload".into()));
+    }
     if ids != w.expected {
-        return Err(format!(
-            "continued with {ids:?}, a fresh prompt gives {:?}",
-            w.expected
+        return Err((
+            false,
+            format!(
+                "continued with {ids:?}, a fresh prompt gives {:?}",
+                w.expected
+            ),
         ));
     }
     Ok(format!(
@@ -855,6 +897,7 @@ async fn run_async(opts: Opts) -> Report {
             pid: AtomicU32::new(pid),
             stats: Mutex::new(Stats::default()),
             big: Arc::clone(&big),
+            oversize: true,
         };
         let mut rng = Rng(7);
         let mut s = WorkerSession {
@@ -972,6 +1015,7 @@ async fn run_async(opts: Opts) -> Report {
         pid: AtomicU32::new(pid),
         stats: Mutex::new(Stats::default()),
         big,
+        oversize: opts.oversize,
     });
     let start = Instant::now();
     let series = Arc::new(Mutex::new(Vec::new()));
@@ -1092,7 +1136,8 @@ async fn controller(sh: Arc<Shared>, duration: Duration) -> u64 {
         };
         let down = sh.down.load(Ordering::Relaxed);
         let t = Instant::now();
-        let target = if round % 4 == 0 {
+        // The main model stays loaded while the witnesses are checked after the restart.
+        let target = if round % 4 == 0 && !down {
             sh.model.clone()
         } else {
             sh.second.clone()

@@ -1137,7 +1137,7 @@ async fn controller(sh: Arc<Shared>, duration: Duration) -> u64 {
         let down = sh.down.load(Ordering::Relaxed);
         let t = Instant::now();
         // The main model stays loaded while the witnesses are checked after the restart.
-        let target = if round % 4 == 0 && !down {
+        let target = if round.is_multiple_of(4) && !down {
             sh.model.clone()
         } else {
             sh.second.clone()

@@ -173,13 +173,9 @@ fn normalizer_shrink(n: &Value) -> Option<usize> {
                 Some(pattern.len().div_ceil(content.len()).max(1))
             }
         }
-        // clean_text removes control characters; strip_accents removes combining marks.
-        "BertNormalizer"
-            if !flag("clean_text")
-                && !n
-                    .get("strip_accents")
-                    .is_some_and(|v| v.as_bool() == Some(true)) =>
-        {
+        // clean_text removes control characters; strip_accents removes combining marks
+        // (absent, it follows lowercase, as in BERT).
+        "BertNormalizer" if !flag("clean_text") && !bert_strips_accents(n) => {
             Some(if flag("lowercase") { 4 } else { 1 })
         }
         "Sequence" => n
@@ -191,6 +187,13 @@ fn normalizer_shrink(n: &Value) -> Option<usize> {
             }),
         // Strip, StripAccents, Nmt and Precompiled (a SentencePiece charsmap) can delete.
         _ => None,
+    }
+}
+
+fn bert_strips_accents(n: &Value) -> bool {
+    match n.get("strip_accents").and_then(Value::as_bool) {
+        Some(strip) => strip,
+        None => n.get("lowercase").and_then(Value::as_bool).unwrap_or(false),
     }
 }
 
@@ -585,6 +588,17 @@ mod tests {
             none(json!({"type": "Replace", "pattern": {"Regex": "\\s+"}, "content": " "})),
             None
         );
+        // BERT: strip_accents absent follows lowercase (accents stripped: no bound).
+        let bert = |c: bool, s: Value, l: bool| {
+            none(
+                json!({"type": "BertNormalizer", "clean_text": c, "handle_chinese_chars": true,
+                        "strip_accents": s, "lowercase": l}),
+            )
+        };
+        assert_eq!(bert(false, Value::Null, true), None);
+        assert_eq!(bert(false, json!(false), true), Some(4));
+        assert_eq!(bert(false, Value::Null, false), Some(1));
+        assert_eq!(bert(true, json!(false), false), None);
         let keeps = |p: Value| pre_tokenizer_keeps_input(&p);
         assert!(keeps(json!({"type": "ByteLevel"})));
         assert!(!keeps(json!({"type": "Whitespace"})));

@@ -10,10 +10,12 @@
 //! - [`scheduler`]: the engine thread: batched steps over all live generations.
 //! - [`snapshot`] and [`state`]: session snapshots and other persisted files.
 //! - [`server`]: putting it together (health, reflection, signals, shutdown).
+//! - [`http`]: the OpenAI/Anthropic-compatible HTTP API, a translation onto [`service`].
 
 pub mod authority;
 pub mod convert;
 pub mod daemon;
+pub mod http;
 pub mod limits;
 pub mod memory;
 pub mod scheduler;

@@ -32,7 +32,15 @@ pub const MAX_DETOKENIZE_IDS: usize = 1 << 20;
 /// The status for a text that does not fit, naming the request's field.
 pub fn text_status(field: &str, e: &Error) -> Status {
     match e {
-        Error::TextTooLong { .. } | Error::ContextOverflow { .. } => convert::invalid(field, e),
+        Error::TextTooLong { .. } | Error::ContextOverflow { .. } => {
+            // Marked like every context refusal, for front ends with their own error shape.
+            let mut st = convert::invalid(field, e);
+            st.metadata_mut().insert(
+                convert::ERROR_KIND_KEY,
+                tonic::metadata::MetadataValue::from_static(convert::CONTEXT_LENGTH_EXCEEDED),
+            );
+            st
+        }
         e => status_from_engine(e),
     }
 }

@@ -233,6 +233,8 @@ pub struct Engine {
     /// Time spent in `Model::forward`.
     forward_time: Duration,
     idle_since: Option<Instant>,
+    /// When busy stepping, the last look for idle sessions to snapshot.
+    last_save_look: Instant,
 }
 
 /// How often an idle engine thread wakes up to snapshot idle sessions.
@@ -262,6 +264,7 @@ impl Engine {
             tokens_prefilled: 0,
             forward_time: Duration::ZERO,
             idle_since: Some(Instant::now()),
+            last_save_look: Instant::now(),
         }
     }
 
@@ -295,6 +298,12 @@ impl Engine {
             if !self.active.is_empty() {
                 self.idle_since = None;
                 self.step();
+                // Sessions left idle are snapshotted under constant traffic too, or a crash
+                // would lose them (found by the soak test); at most one look a second.
+                if self.last_save_look.elapsed() >= Duration::from_secs(1) {
+                    self.last_save_look = Instant::now();
+                    self.save_idle_sessions();
+                }
             } else if self.idle_since.is_none() {
                 self.idle_since = Some(Instant::now());
             }

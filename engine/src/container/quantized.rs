@@ -33,7 +33,7 @@ pub const PAD_PREFIX: &str = "__pad.";
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TensorRecord {
-    /// "f32", "bf16", "f16", "int8", "int4", "int2".
+    /// "f32", "bf16", "f16", "int8", "int4", "int2", "int3" (groups of 64), "int2-plain".
     pub format: String,
     /// Elements per scale; 0 = one scale per row. Absent for unscaled formats.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -54,6 +54,8 @@ impl TensorRecord {
             WeightFormat::I8Row => ("int8", Some(0), Some(ScaleType::F32)),
             WeightFormat::I4 { group, scale } => ("int4", Some(group), Some(scale)),
             WeightFormat::I2 { group, scale } => ("int2", Some(group), Some(scale)),
+            WeightFormat::I3G64 => ("int3", Some(64), Some(ScaleType::F32)),
+            WeightFormat::I2Plain => ("int2-plain", Some(0), Some(ScaleType::F32)),
         };
         TensorRecord {
             format: f.into(),
@@ -102,6 +104,24 @@ impl TensorRecord {
                 group: group()?,
                 scale: scale()?,
             },
+            "int3" => {
+                if group()? != 64 || scale()? != ScaleType::F32 {
+                    return Err(
+                        "int3 is in groups of 64 with f32 scales (group_size 64, scale_dtype f32)"
+                            .into(),
+                    );
+                }
+                WeightFormat::I3G64
+            }
+            "int2-plain" => {
+                if group()? != 0 || scale()? != ScaleType::F32 {
+                    return Err(
+                        "int2-plain is per row with f32 scales (group_size 0, scale_dtype f32)"
+                            .into(),
+                    );
+                }
+                WeightFormat::I2Plain
+            }
             o => return Err(format!("unknown format '{o}'")),
         };
         if f.is_quantized() && self.shape.len() != 2 {

@@ -7,6 +7,7 @@
 //! shuffles), with per-block sums precomputed, and optionally quantized to int8 per
 //! 32-element block for integer dot products.
 
+pub mod lowbit;
 pub mod scalar;
 
 #[cfg(target_arch = "x86_64")]
@@ -131,7 +132,13 @@ pub fn int8_act_for(format: WeightFormat) -> bool {
     match int8_act_mode() {
         Int8Act::Off => false,
         Int8Act::All => format.is_quantized(),
-        Int8Act::SubByte => matches!(format, WeightFormat::I4 { .. } | WeightFormat::I2 { .. }),
+        Int8Act::SubByte => matches!(
+            format,
+            WeightFormat::I4 { .. }
+                | WeightFormat::I2 { .. }
+                | WeightFormat::I3G64
+                | WeightFormat::I2Plain
+        ),
     }
 }
 
@@ -235,7 +242,13 @@ pub fn prepare(format: WeightFormat, x: &[f32], int8: bool) -> Act {
         act.q8 = Some(quantize_act(x, matches!(format, WeightFormat::I4 { .. })));
         return act;
     }
-    if matches!(format, WeightFormat::I4 { .. } | WeightFormat::I2 { .. }) {
+    if matches!(
+        format,
+        WeightFormat::I4 { .. }
+            | WeightFormat::I2 { .. }
+            | WeightFormat::I3G64
+            | WeightFormat::I2Plain
+    ) {
         act.bsum = (0..full)
             .map(|b| x[b * QBLOCK..(b + 1) * QBLOCK].iter().sum())
             .collect();
@@ -259,6 +272,9 @@ pub fn prepare(format: WeightFormat, x: &[f32], int8: bool) -> Act {
 /// `dot(row, act)` for one weight row in `format` with its scales, on the fastest path.
 #[inline]
 pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 {
+    if matches!(format, WeightFormat::I3G64 | WeightFormat::I2Plain) {
+        return lowbit::dot_act(format, w, scales, act);
+    }
     match level() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: Level::Avx2 is only chosen when avx2, fma and f16c are detected.

@@ -231,7 +231,7 @@ mod avx2 {
     ) -> f32 {
         let cols = act.x.len();
         let full = cols / QBLOCK;
-        let off = if I3 { 4 } else { 2 };
+        let off = _mm256_set1_epi8(if I3 { 4 } else { 2 });
         let ones = _mm256_set1_epi16(1);
         let (pw, pq) = (w.as_ptr(), q.q.as_ptr());
         let mut acc = _mm256_setzero_ps();
@@ -240,11 +240,12 @@ mod avx2 {
             if b % 8 == 0 {
                 _mm_prefetch::<_MM_HINT_T0>(pw.add(block_bytes::<I3>(b) + PREFETCH) as *const i8);
             }
-            let c = block_codes::<I3>(pw, b);
+            // Signed values (code - offset, within -4..3); maddubs wants one unsigned
+            // operand: |v| times q with v's sign. Exact in integers.
+            let v = _mm256_sub_epi8(block_codes::<I3>(pw, b), off);
             let qv = _mm256_loadu_si256(pq.add(b * QBLOCK) as *const __m256i);
-            // codes are 0..8 (unsigned), q signed: no saturation (2 × 7 × 127 < 2^15).
-            let i = _mm256_madd_epi16(_mm256_maddubs_epi16(c, qv), ones);
-            let i = _mm256_sub_epi32(i, _mm256_setr_epi32(off * q.qsum[b], 0, 0, 0, 0, 0, 0, 0));
+            let p = _mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(qv, v));
+            let i = _mm256_madd_epi16(p, ones);
             let s = if I3 { scale(scales, b / 2) } else { row_scale };
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(q.d[b] * s), acc);
         }

@@ -331,17 +331,6 @@ fn split_int8_experts_give_the_merged_logits() {
         .any(|w| w.class == "routed experts" && w.format == "int8" && w.tensors == 48));
 }
 
-fn vectors() -> (Vec<(String, Dtype, Vec<usize>)>, Vec<u8>) {
-    let bytes = std::fs::read(c_dir("vectors.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let meta = st
-        .tensors()
-        .into_iter()
-        .map(|(n, v)| (n, v.dtype(), v.shape().to_vec()))
-        .collect();
-    (meta, bytes)
-}
-
 fn f32s(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -354,7 +343,7 @@ fn f32s(b: &[u8]) -> Vec<f32> {
 /// int2 quantizers write exactly the Python bytes and scales.
 #[test]
 fn the_python_reference_vectors_decode_and_quantize_identically() {
-    let (_, bytes) = vectors();
+    let bytes = std::fs::read(c_dir("vectors.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let input = st.tensor("input").unwrap();
     let (rows, cols) = (input.shape()[0], input.shape()[1]);

@@ -66,6 +66,32 @@ pub fn pack_i3(codes: &[u8], out: &mut Vec<u8>) {
     }
 }
 
+/// Puts int8 activations in the order the 2-bit planes unpack to, per 64-element chunk `c`
+/// (an int3 group; 16 bytes of int2): `qp[64c + 16k + m] = q[64c + 4m + k]` (a shift by
+/// `2k` and a mask give element `4m + k` of byte `m`). Per chunk, `d8` holds the activation
+/// scales as the 8 lanes of the chunk's integer sums see them (lanes 0, 1, 4, 5 sum the
+/// chunk's first 32 elements, lanes 2, 3, 6, 7 its second) and `corr8` the code offset
+/// times each block's sum of q (lanes 0 and 2), so the offset is one integer subtraction.
+pub fn order_q8(format: WeightFormat, a: &mut super::Q8Act) {
+    let off = if format == WeightFormat::I3G64 { 4 } else { 2 };
+    let chunks = a.q.len() / 64;
+    a.qp = vec![0; chunks * 64];
+    a.d8 = vec![0.0; chunks * 8];
+    a.corr8 = vec![0; chunks * 8];
+    for c in 0..chunks {
+        for k in 0..4 {
+            for m in 0..16 {
+                a.qp[64 * c + 16 * k + m] = a.q[64 * c + 4 * m + k];
+            }
+        }
+        for (lane, blk) in [0, 0, 1, 1, 0, 0, 1, 1].into_iter().enumerate() {
+            a.d8[8 * c + lane] = a.d[2 * c + blk];
+        }
+        a.corr8[8 * c] = off * a.qsum[2 * c];
+        a.corr8[8 * c + 2] = off * a.qsum[2 * c + 1];
+    }
+}
+
 /// `dot(row, act)` for the formats of this file, on the fastest path.
 #[inline]
 pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 {
@@ -218,9 +244,11 @@ mod avx2 {
         hsum(total) - corr + tail
     }
 
-    /// Exact integer `sum((code - offset) * q)` per full 32-element block, times the block's
-    /// activation scale and the group's weight scale; the partial last block as the
-    /// reference does it.
+    /// int8 activations in `order_q8`'s order: per 64-element chunk the low plane's 16
+    /// bytes give the codes of elements `4m + k` with one shift and mask per `k` (and the
+    /// int3 high bits one compare per `k`), two `maddubs` cover the chunk, the offset is taken
+    /// off in integers. Exact integer sums per 32-element block as the reference; the
+    /// elements after the last whole chunk as the reference does them.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_q8<const I3: bool>(
         format: WeightFormat,
@@ -230,26 +258,66 @@ mod avx2 {
         q: &Q8Act,
     ) -> f32 {
         let cols = act.x.len();
-        let full = cols / QBLOCK;
-        let off = _mm256_set1_epi8(if I3 { 4 } else { 2 });
+        let chunks = cols / 64;
+        let chunk_bytes = if I3 { I3_GROUP_BYTES } else { 16 };
+        let m3 = _mm256_set1_epi8(3);
+        let four = _mm256_set1_epi8(4);
         let ones = _mm256_set1_epi16(1);
-        let (pw, pq) = (w.as_ptr(), q.q.as_ptr());
-        let mut acc = _mm256_setzero_ps();
+        // High bit of element 4m + k is bit 4(m % 2) + k of byte m / 2.
+        let hidx = _mm256_setr_epi8(
+            0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6,
+            6, 7, 7,
+        );
+        let bits = |k0: i8| {
+            let (a, b) = (1i8 << k0, 1i8 << (k0 + 1));
+            let (a4, b4) = ((a as u8) << 4, (b as u8) << 4);
+            let (a4, b4) = (a4 as i8, b4 as i8);
+            _mm256_setr_epi8(
+                a, a4, a, a4, a, a4, a, a4, a, a4, a, a4, a, a4, a, a4, b, b4, b, b4, b, b4, b, b4,
+                b, b4, b, b4, b, b4, b, b4,
+            )
+        };
+        let (h01, h23) = (bits(0), bits(2));
+        let (pw, pq, pd, pc) = (w.as_ptr(), q.qp.as_ptr(), q.d8.as_ptr(), q.corr8.as_ptr());
         let row_scale = scale(scales, 0);
-        for b in 0..full {
-            if b % 8 == 0 {
-                _mm_prefetch::<_MM_HINT_T0>(pw.add(block_bytes::<I3>(b) + PREFETCH) as *const i8);
+        let mut acc = _mm256_setzero_ps();
+        for c in 0..chunks {
+            let p = pw.add(c * chunk_bytes);
+            if c % 4 == 0 {
+                _mm_prefetch::<_MM_HINT_T0>(p.add(PREFETCH) as *const i8);
             }
-            // Signed values (code - offset, within -4..3); maddubs wants one unsigned
-            // operand: |v| times q with v's sign. Exact in integers.
-            let v = _mm256_sub_epi8(block_codes::<I3>(pw, b), off);
-            let qv = _mm256_loadu_si256(pq.add(b * QBLOCK) as *const __m256i);
-            let p = _mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(qv, v));
-            let i = _mm256_madd_epi16(p, ones);
-            let s = if I3 { scale(scales, b / 2) } else { row_scale };
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(q.d[b] * s), acc);
+            let lo = _mm_loadu_si128(p as *const __m128i);
+            let mut t01 = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(lo, 2), lo), m3);
+            let mut t23 = _mm256_and_si256(
+                _mm256_set_m128i(_mm_srli_epi16(lo, 6), _mm_srli_epi16(lo, 4)),
+                m3,
+            );
+            if I3 {
+                let h = _mm256_shuffle_epi8(
+                    _mm256_broadcastsi128_si256(_mm_loadl_epi64(p.add(16) as *const __m128i)),
+                    hidx,
+                );
+                let hi = |mask: __m256i| {
+                    let hit = _mm256_cmpeq_epi8(_mm256_and_si256(h, mask), mask);
+                    _mm256_and_si256(hit, four)
+                };
+                t01 = _mm256_or_si256(t01, hi(h01));
+                t23 = _mm256_or_si256(t23, hi(h23));
+            }
+            let qa = _mm256_loadu_si256(pq.add(64 * c) as *const __m256i);
+            let qb = _mm256_loadu_si256(pq.add(64 * c + 32) as *const __m256i);
+            // codes 0..7 unsigned, q signed: each maddubs pair ≤ 2·7·127, their sum < 2^15.
+            let s16 =
+                _mm256_add_epi16(_mm256_maddubs_epi16(t01, qa), _mm256_maddubs_epi16(t23, qb));
+            let i = _mm256_sub_epi32(
+                _mm256_madd_epi16(s16, ones),
+                _mm256_loadu_si256(pc.add(8 * c) as *const __m256i),
+            );
+            let s = if I3 { scale(scales, c) } else { row_scale };
+            let d = _mm256_mul_ps(_mm256_loadu_ps(pd.add(8 * c)), _mm256_set1_ps(s));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), d, acc);
         }
-        hsum(acc) + scalar::dot_q8_blocks(format, w, scales, q, cols, full)
+        hsum(acc) + scalar::dot_q8_blocks(format, w, scales, q, cols, 2 * chunks)
     }
 }
 

@@ -160,7 +160,8 @@ pub struct Q8Act {
     pub d: Vec<f32>,
     /// `sum(q)` per block (the offset correction of the int4/int2 codes).
     pub qsum: Vec<i32>,
-    /// int4 SIMD order: per pair of full blocks A, B: `[A even | B even | A odd | B odd]`.
+    /// int4 SIMD order: per pair of full blocks A, B: `[A even | B even | A odd | B odd]`
+    /// (int3-g64 and int2-plain have their own order, see `lowbit::order_q8`).
     pub qp: Vec<i8>,
     /// int4 SIMD: per pair, the block scales as the 8 lanes of the pair's sums `[dA×4, dB×4]`.
     pub d8: Vec<f32>,
@@ -239,7 +240,11 @@ pub fn prepare(format: WeightFormat, x: &[f32], int8: bool) -> Act {
         ..Default::default()
     };
     if int8 && q8_supported(format, cols) {
-        act.q8 = Some(quantize_act(x, matches!(format, WeightFormat::I4 { .. })));
+        let mut q = quantize_act(x, matches!(format, WeightFormat::I4 { .. }));
+        if matches!(format, WeightFormat::I3G64 | WeightFormat::I2Plain) {
+            lowbit::order_q8(format, &mut q);
+        }
+        act.q8 = Some(q);
         return act;
     }
     if matches!(

@@ -31,7 +31,11 @@ pub fn load_model(dir: &Path) -> anyhow::Result<(Model, f64)> {
         bar.borrow_mut().update(p.done, p.total, &p.message)
     });
     bar.borrow().finish();
-    Ok((model?, t.elapsed().as_secs_f64()))
+    let model = model?;
+    for n in &model.info.notes {
+        eprintln!("note: {n}");
+    }
+    Ok((model, t.elapsed().as_secs_f64()))
 }
 
 /// Turns the prompt into token ids: the chat template for text (unless raw), else as given.

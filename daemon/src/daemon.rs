@@ -278,6 +278,9 @@ impl Daemon {
             }
         };
         let loaded = Model::load_with_progress(Path::new(&id), &report).and_then(|mut m| {
+            for n in &m.info.notes {
+                tracing::warn!("{id}: {n}");
+            }
             let streaming = if self.cfg.stream || expert_cache_bytes.is_some() {
                 let opts = StreamOptions {
                     budget: expert_cache_bytes.or(self.cfg.expert_cache),

@@ -232,6 +232,9 @@ pub struct Engine {
     /// Time spent in `Model::forward`.
     forward_time: Duration,
     idle_since: Option<Instant>,
+    /// Test hook (`COLIBRI_STEP_PAUSE_MS`): a pause after every step, so that a browser
+    /// test can watch a tiny fixture's reply stream and stop it midway.
+    step_pause: Option<Duration>,
 }
 
 /// How often an idle engine thread wakes up to snapshot idle sessions.
@@ -261,6 +264,10 @@ impl Engine {
             tokens_prefilled: 0,
             forward_time: Duration::ZERO,
             idle_since: Some(Instant::now()),
+            step_pause: std::env::var("COLIBRI_STEP_PAUSE_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map(Duration::from_millis),
         }
     }
 
@@ -294,6 +301,9 @@ impl Engine {
             if !self.active.is_empty() {
                 self.idle_since = None;
                 self.step();
+                if let Some(d) = self.step_pause {
+                    std::thread::sleep(d);
+                }
             } else if self.idle_since.is_none() {
                 self.idle_since = Some(Instant::now());
             }

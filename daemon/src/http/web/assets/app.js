@@ -484,8 +484,11 @@
     let pending = false;
     let thinkStart = null;
     let thinkSecs = null;
+    let done = false;
     const render = (final) => {
       pending = false;
+      // A frame scheduled while streaming may land after the end: it renders the end.
+      final = final || done;
       const s = splitThinking(text);
       const t = (reasoning + s.thinking).replace(/^\s+/, '');
       if (t) {
@@ -508,8 +511,8 @@
       get text() { return text; },
       append(t) { text += t; schedule(); },
       appendReasoning(t) { reasoning += t; schedule(); },
-      setText(t) { text = t; render(true); },
-      finish() { render(true); },
+      setText(t) { text = t; done = true; render(true); },
+      finish() { done = true; render(true); },
       stats(t, stopped) {
         foot.hidden = false;
         foot.textContent = t;
@@ -716,6 +719,8 @@
       state.generating = null;
       setGenerating(false);
       refreshStatus();
+      // The engine publishes its figures after the last event: look again shortly.
+      setTimeout(refreshStatus, 400);
     }
   }
 

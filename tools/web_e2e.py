@@ -203,6 +203,18 @@ def main():
         sid = sess[0]["id"] if sess else None
         driver.save_screenshot(os.path.join(a.artifacts, "desktop-1280x800.png"))
 
+        # --- how a reply is rendered: Markdown, code, thinking folded, never HTML ---------
+        html = driver.execute_script("return window.colibri.renderReply(arguments[0])",
+                                     "<think>pondering the sea</think>Here:\n```python\nprint('<b>hi</b>')\n```\n"
+                                     "- **bold** and `x < y`\n- <script>alert(1)</script> [site](https://example.org)")
+        check('<details class="thinking">' in html and "pondering the sea" in html, f"thinking is folded: {html[:120]}")
+        check('<code class="lang-python">print(\'&lt;b&gt;hi&lt;/b&gt;\')</code>' in html, "a fenced code block")
+        check("<li><strong>bold</strong> and <code>x &lt; y</code></li>" in html, "a list with bold and inline code")
+        check("<script>" not in html and "&lt;script&gt;" in html, "HTML in a reply stays text")
+        check('rel="noopener noreferrer"' in html, "links open apart")
+        html = driver.execute_script("return window.colibri.renderReply(arguments[0])", "still thinking</think>The answer.")
+        check("still thinking" in html and "<p>The answer.</p>" in html, "a lone </think> ends the thinking")
+
         # --- keyboard: the grid's cursor ------------------------------------------------
         driver.execute_script("document.getElementById('grid').focus()")
         driver.switch_to.active_element.send_keys(Keys.ARROW_DOWN, Keys.ARROW_RIGHT)

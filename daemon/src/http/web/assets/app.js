@@ -1102,6 +1102,7 @@
     grid: () => ({ layers: grid.layers, experts: grid.width, cells: Array.from(grid.cells), uses: Array.from(grid.uses), last: grid.last, observed: grid.observed }),
     applySnapshot,
     applyDelta,
+    renderReply: (text) => { const b = assistantBubble(); b.setText(text); return b.root.outerHTML; },
     stopLive: () => { live.paused = true; if (live.controller) live.controller.abort(); live.controller = null; },
   });
 

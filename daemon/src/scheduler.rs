@@ -235,6 +235,9 @@ pub struct Engine {
     idle_since: Option<Instant>,
     /// When busy stepping, the last look for idle sessions to snapshot.
     last_save_look: Instant,
+    /// Test hook (`COLIBRI_STEP_PAUSE_MS`): a pause after every step, so that a browser
+    /// test can watch a tiny fixture's reply stream and stop it midway.
+    step_pause: Option<Duration>,
 }
 
 /// How often an idle engine thread wakes up to snapshot idle sessions.
@@ -265,6 +268,10 @@ impl Engine {
             forward_time: Duration::ZERO,
             idle_since: Some(Instant::now()),
             last_save_look: Instant::now(),
+            step_pause: std::env::var("COLIBRI_STEP_PAUSE_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map(Duration::from_millis),
         }
     }
 
@@ -303,6 +310,9 @@ impl Engine {
                 if self.last_save_look.elapsed() >= Duration::from_secs(1) {
                     self.last_save_look = Instant::now();
                     self.save_idle_sessions();
+                }
+                if let Some(d) = self.step_pause {
+                    std::thread::sleep(d);
                 }
             } else if self.idle_since.is_none() {
                 self.idle_since = Some(Instant::now());

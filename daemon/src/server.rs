@@ -222,7 +222,9 @@ async fn serve(
         daemon.state.root.display()
     );
 
-    if daemon.cfg.keep_alive.is_some() {
+    // Always: a model's own keep-alive (set from the dashboard) may apply without the
+    // daemon's --keep-alive.
+    {
         let d = Arc::clone(&daemon);
         tokio::spawn(async move {
             loop {

@@ -112,11 +112,13 @@ unsafe fn run_rows(
     out: *mut f32,
     ld: usize,
 ) {
+    // The C engine's int3-g64 / plain int2 rows have per-row kernels only (`lowbit`).
+    let tiled = !matches!(w.format, WeightFormat::I3G64 | WeightFormat::I2Plain);
     match level() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: Level::Avx2 is only chosen when avx2, fma and f16c are detected; the
         // input was prepared for this format by `matmul_many`.
-        Level::Avx2 => super::avx2::matmul_rows(w, input, rows, out, ld),
+        Level::Avx2 if tiled => super::avx2::matmul_rows(w, input, rows, out, ld),
         _ => {
             // The per-row kernels: each token prepared once, every row against it.
             for t in 0..input.n {

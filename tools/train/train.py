@@ -14,6 +14,12 @@ At the end every parameter is rounded to bf16, the held-out perplexity is measur
 rounded model (exactly what is saved) and the folder is written with save_pretrained, in
 the Hub's per-expert layout, with a tokenizer, a chat template and a model card (README.md).
 
+Long runs are resumable: every --checkpoint-every steps the whole training state (weights,
+AdamW moments, the data order and position, the curve, the wall time so far) is written
+atomically to --state (default: OUT.state/), and a run started again with the same arguments
+continues from it, to the same bits as a run that was never stopped (the tokenizer is kept
+there too). --fresh ignores a saved state.
+
 Besides the checkpoint the folder gets (not needed to run it):
     held_out.txt          the held-out text (whole files never seen in training)
     held_out_ids.txt      its token ids, comma separated (what `coli perplexity --ids-file` reads)
@@ -207,6 +213,43 @@ def save_bf16(model, out: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# resumable state
+
+# The arguments a saved state must agree with to be continued.
+STATE_KEYS = ("arch", "vocab", "seed", "steps", "batch", "seq", "max_positions", "lr", "warmup",
+              "wd", "bias_rate", "threads", "eval_every", "eval_windows")
+
+
+def save_state(path: Path, state: dict) -> None:
+    """torch.save to a temporary file, fsync, then rename over the previous state: a crash
+    at any moment leaves either the old state or the new one, never a torn file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load_state(path: Path, args) -> dict | None:
+    if args.fresh or not path.exists():
+        return None
+    state = torch.load(path, weights_only=False)
+    want = {k: getattr(args, k) for k in STATE_KEYS}
+    if state["args"] != want:
+        diff = {k: (state["args"].get(k), v) for k, v in want.items() if state["args"].get(k) != v}
+        raise SystemExit(f"{path} was saved by a run with other arguments (saved, now): {diff}; "
+                         "pass the same arguments, or --fresh to start over")
+    return state
+
+
+# ----------------------------------------------------------------------------------------------
 # model card
 
 
@@ -314,9 +357,19 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--eval-windows", type=int, default=64)
+    ap.add_argument("--state", type=Path, help="resumable training state (default: OUT.state)")
+    ap.add_argument("--checkpoint-every", type=int, default=10)
+    ap.add_argument("--fresh", action="store_true", help="ignore a saved training state")
+    ap.add_argument("--stop-at", type=int, help="exit after saving the state at this step "
+                    "(to test resuming)")
     args = ap.parse_args()
+    state_dir = args.state or args.out.with_name(args.out.name + ".state")
+    state_file = state_dir / "train_state.pt"
+    saved = load_state(state_file, args)
 
     t0 = time.time()
+    # Wall time of earlier sessions of this run (their minutes count in the curve and card).
+    before = saved["elapsed"] if saved else 0.0
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
@@ -325,7 +378,9 @@ def main():
     tr_chars, ho_chars = c.chars()
     print(f"corpus: {len(c.train)} training files ({tr_chars / 1e6:.2f} MB) + {len(c.chat)} chat examples, "
           f"{len(c.held_out)} held-out files ({ho_chars / 1e6:.2f} MB)", flush=True)
-    if args.tokenizer:
+    if saved:
+        tok = Tokenizer.from_str(saved["tokenizer"])
+    elif args.tokenizer:
         tok = Tokenizer.from_file(str(args.tokenizer / "tokenizer.json"))
     else:
         tok = train_tokenizer(c.train + [q + "\n" + a for q, a in c.chat], args.vocab)
@@ -364,7 +419,30 @@ def main():
     pos = 0
     curve = []
     running = None
-    for step in range(args.steps):
+    first_step = 0
+    if saved:
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        gen.set_state(saved["gen"])
+        torch.set_rng_state(saved["rng"])
+        order, pos, curve, running, first_step = (saved["order"], saved["pos"], saved["curve"],
+                                                  saved["running"], saved["step"])
+        print(f"resumed from {state_file} at step {first_step}/{args.steps} "
+              f"({before / 60:.1f} min before)", flush=True)
+        del saved
+
+    def elapsed() -> float:
+        return before + time.time() - t0
+
+    def checkpoint(done: int) -> None:
+        save_state(state_file, {
+            "args": {k: getattr(args, k) for k in STATE_KEYS}, "step": done,
+            "model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
+            "rng": torch.get_rng_state(), "order": order, "pos": pos, "curve": curve,
+            "running": running, "elapsed": elapsed(), "tokenizer": tok.to_str()})
+
+    t_session, first_session_step = time.time(), first_step
+    for step in range(first_step, args.steps):
         model.train()
         if pos + args.batch > n_seq:
             order = torch.randperm(n_seq, generator=gen)
@@ -389,15 +467,22 @@ def main():
             with torch.no_grad():
                 nll, cnt, _ = held_out_nll(model, held, args.seq, args.eval_windows)
             e = {"step": done, "tokens": done * args.batch * args.seq, "train_loss": running,
-                 "held_out_loss": nll / cnt, "minutes": (time.time() - t0) / 60}
+                 "held_out_loss": nll / cnt, "minutes": elapsed() / 60}
             curve.append(e)
-        el = time.time() - t0
-        rate = done * args.batch * args.seq / max(el, 1e-9)
-        eta = (args.steps - done) * el / done
+        if done % args.checkpoint_every == 0 and done < args.steps:
+            checkpoint(done)
+            if done == args.stop_at:
+                raise SystemExit(f"stopped at step {done} (--stop-at); state in {state_file}")
+        el = time.time() - t_session
+        rate = (done - first_session_step) * args.batch * args.seq / max(el, 1e-9)
+        eta = (args.steps - done) * el / (done - first_session_step)
         bar = "=" * int(30 * done / args.steps)
         print(f"\r[{bar:<30}] step {done}/{args.steps} loss {running:.3f} "
               f"held-out {curve[-1]['held_out_loss']:.3f} {rate:.0f} tok/s ETA {eta / 60:.1f} min ",
               end="" if done < args.steps else "\n", flush=True)
+    if first_step < args.steps:
+        # The trained state, so that a crash while measuring or saving below costs no training.
+        checkpoint(args.steps)
 
     # The shipped weights: bf16. Everything below is measured on exactly those values.
     model.eval()
@@ -405,7 +490,7 @@ def main():
     with torch.no_grad():
         nll, cnt, windows = held_out_nll(model, held, args.seq)
     final = {"params": n_params, "nll_sum": nll, "tokens_scored": cnt, "windows": windows,
-             "ppl": math.exp(nll / cnt), "minutes": (time.time() - t0) / 60}
+             "ppl": math.exp(nll / cnt), "minutes": elapsed() / 60}
     print(f"held-out perplexity (bf16, ctx {args.seq}): {final['ppl']:.3f} over {cnt} tokens", flush=True)
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -434,7 +519,7 @@ def main():
     for k, b in model.named_buffers():
         if k.endswith("e_score_correction_bias"):
             assert torch.equal(b, dict(back.named_buffers())[k]), k
-    print(f"wrote {args.out} in {(time.time() - t0) / 60:.1f} min", flush=True)
+    print(f"wrote {args.out} in {elapsed() / 60:.1f} min", flush=True)
 
 
 def args_aux(out, config) -> float:

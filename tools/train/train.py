@@ -320,11 +320,11 @@ scored.)
 
 ## Held-out perplexity (bf16 weights, as saved)
 
-llama-perplexity's method on all of `held_out_ids.txt`: non-overlapping windows of {args.seq}
+llama-perplexity's method on {"all" if args.final_windows is None else f"the first {f['windows']} windows"} of `held_out_ids.txt`: non-overlapping windows of {args.seq}
 ids, the tokens t[j+1] for j in [{args.seq // 2}, {args.seq - 2}] scored from the logits at j,
 no BOS added: **perplexity {f['ppl']:.3f}** ({f['tokens_scored']} tokens in {f['windows']} windows,
 NLL sum {f['nll_sum']:.3f} nats), computed by transformers in f32 on the bf16 weights.
-`coli perplexity --model DIR --ids-file held_out_ids.txt --ctx {args.seq}` reproduces it.
+`coli perplexity --model DIR --ids-file held_out_ids.txt --ctx {args.seq}{"" if args.final_windows is None else f" --chunks {f['windows']}"}` reproduces it.
 
 ## Use
 
@@ -357,6 +357,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--eval-windows", type=int, default=64)
+    ap.add_argument("--final-windows", type=int,
+                    help="windows of the final held-out perplexity (default: all of the held-out ids)")
     ap.add_argument("--state", type=Path, help="resumable training state (default: OUT.state)")
     ap.add_argument("--checkpoint-every", type=int, default=10)
     ap.add_argument("--fresh", action="store_true", help="ignore a saved training state")
@@ -488,7 +490,7 @@ def main():
     model.eval()
     bf16_round_(model)
     with torch.no_grad():
-        nll, cnt, windows = held_out_nll(model, held, args.seq)
+        nll, cnt, windows = held_out_nll(model, held, args.seq, args.final_windows)
     final = {"params": n_params, "nll_sum": nll, "tokens_scored": cnt, "windows": windows,
              "ppl": math.exp(nll / cnt), "minutes": elapsed() / 60}
     print(f"held-out perplexity (bf16, ctx {args.seq}): {final['ppl']:.3f} over {cnt} tokens", flush=True)

@@ -58,6 +58,8 @@ def main():
     ap.add_argument("--chunks", type=int, default=0)
     ap.add_argument("--llama", type=Path, help="JSON report of tools/train/llama_cpp.sh")
     ap.add_argument("--only", help="run only rows whose label contains this")
+    ap.add_argument("--redo", action="store_true",
+                    help="measure rows again that --work's formats.json already holds (default: reuse them)")
     ap.add_argument("--extra", action="append", default=[],
                     help="another row: 'LABEL|convert options|perplexity options' (options space separated)")
     a = ap.parse_args()
@@ -70,6 +72,8 @@ def main():
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     for label, conv, extra in rows:
         if a.only and a.only not in label:
+            continue
+        if label in results and not a.redo:
             continue
         target = a.model
         if conv is not None:

@@ -4,7 +4,7 @@
 # llama-quantize, then runs llama-perplexity on the held-out text with the same window as
 # `coli perplexity --ctx N`, the KL divergence of Q8_0/Q4_0 measured against the bf16 GGUF.
 #
-#   tools/train/llama_cpp.sh MODEL_DIR HELD_OUT.txt OUT_DIR [CTX [CHUNKS]]
+#   tools/train/llama_cpp.sh MODEL_DIR HELD_OUT.txt OUT_DIR [CTX [CHUNKS]]   (report: OUT_DIR/report.json)
 #
 # The llama.cpp build is the shared yardstick's (../shared/bench/llama_baseline.sh build);
 # the conversion runs with this project's Python (torch, transformers, numpy, safetensors:
@@ -22,7 +22,7 @@ LLAMA=$(dirname "$(dirname "$BIN")")
 mkdir -p "$OUT"
 name=$(basename "$MODEL")
 if [ ! -f "$OUT/$name-bf16.gguf" ]; then
-  PYTHONPATH="$LLAMA:$LLAMA/gguf-py" "$PY" "$(dirname "$0")/llama_cpp.py" convert "$LLAMA" "$MODEL" "$OUT/$name-bf16.gguf"
+  PYTHONPATH="$LLAMA:$LLAMA/gguf-py" "$PY" "$(dirname "$0")/llama_cpp.py" convert "$LLAMA" "$MODEL" "$OUT/$name-bf16.gguf" >&2
 fi
 for q in Q8_0 Q4_0; do
   [ -f "$OUT/$name-$q.gguf" ] || "$BIN/llama-quantize" "$OUT/$name-bf16.gguf" "$OUT/$name-$q.gguf" "$q" > "$OUT/quantize-$q.log" 2>&1
@@ -32,4 +32,5 @@ common=(-f "$TEXT" -c "$CTX" --chunks "$CHUNKS" -t "${THREADS:-2}")
 for q in Q8_0 Q4_0; do
   "$BIN/llama-perplexity" -m "$OUT/$name-$q.gguf" "${common[@]}" --kl-divergence-base "$OUT/logits-bf16.bin" --kl-divergence > "$OUT/ppl-$q.log" 2>&1
 done
-"$PY" "$(dirname "$0")/llama_cpp.py" report "$OUT"
+# The report (JSON) on stdout and in OUT/report.json (formats.py --llama reads it).
+"$PY" "$(dirname "$0")/llama_cpp.py" report "$OUT" | tee "$OUT/report.json"

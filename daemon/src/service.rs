@@ -4,6 +4,7 @@
 
 use crate::convert::{self, status_from_engine};
 use crate::daemon::{check_session_id, memory_stats, Daemon, LoadState};
+use crate::limits;
 use crate::scheduler::{GenInput, GenJob, Job, ScoreJob};
 use colibri_engine::experts::Key;
 use colibri_engine::model::LoadStage;
@@ -88,6 +89,9 @@ impl Service {
     ) -> Result<Response<BoxStream<pb::GenerateEvent>>, Status> {
         let arrived = Instant::now();
         let h = self.model_for(model, &session_id).await?;
+        if let GenInput::Text { text, .. } = &input {
+            limits::check_prompt_bytes(&h.model, text.len(), "prompt")?;
+        }
         let o = options.unwrap_or_default();
         if o.request_id.len() > 128 {
             return Err(convert::invalid(
@@ -106,6 +110,7 @@ impl Service {
             session_id: (!session_id.is_empty()).then_some(session_id),
             input,
             max_tokens: o.max_tokens as usize,
+            clamp_max_tokens: o.clamp_max_tokens,
             sampling: convert::sampling(o.sampling.as_ref()),
             stop: o.stop,
             ignore_eos: o.ignore_eos,
@@ -118,8 +123,13 @@ impl Service {
         match rx.recv().await {
             Some(Ok(first)) => {
                 let rest = UnboundedReceiverStream::new(rx);
+                // Every generation is counted for /metrics, whichever door it came in.
                 Ok(Response::new(Box::pin(
-                    tokio_stream::once(Ok(first)).chain(rest),
+                    crate::http::metrics::Observed::new(
+                        Box::pin(tokio_stream::once(Ok(first)).chain(rest)),
+                        Arc::clone(&self.daemon),
+                        h.id.clone(),
+                    ),
                 )))
             }
             Some(Err(st)) => Err(st),
@@ -246,6 +256,14 @@ impl Colibri for Service {
             memory: Some(memory),
             sessions,
             queue_capacity: (cfg.engine.max_batch.max(1) + cfg.queue) as u32,
+            http_url: self
+                .daemon
+                .http
+                .lock()
+                .await
+                .as_ref()
+                .map(|s| s.url.clone())
+                .unwrap_or_default(),
         }))
     }
 
@@ -302,22 +320,18 @@ impl Colibri for Service {
             let text = h.model.text.as_ref().ok_or_else(|| {
                 Status::failed_precondition(format!("model {} has no tokenizer.json", h.id))
             })?;
+            // Bounded by the context like a prompt: the cost of a huge text is refused.
+            let room = h.model.info.max_context;
             if req.messages.is_empty() {
-                let ids = text
-                    .encode(&req.text, req.add_special_tokens.unwrap_or(true))
-                    .map_err(|e| status_from_engine(&e))?;
+                let add = req.add_special_tokens.unwrap_or(true);
+                let ids = limits::encode_text(text, &req.text, add, room, "text")?;
                 Ok(pb::TokenizeResponse {
                     ids,
                     rendered: String::new(),
                 })
             } else {
                 let msgs = convert::chat_messages(&req.messages);
-                let rendered = text
-                    .render_chat(&msgs, true)
-                    .map_err(|e| status_from_engine(&e))?;
-                let ids = text
-                    .encode(&rendered, false)
-                    .map_err(|e| status_from_engine(&e))?;
+                let (ids, rendered) = limits::encode_chat(text, &msgs, room, "messages")?;
                 Ok(pb::TokenizeResponse { ids, rendered })
             }
         })
@@ -330,6 +344,7 @@ impl Colibri for Service {
         req: Request<pb::DetokenizeRequest>,
     ) -> Result<Response<pb::DetokenizeResponse>, Status> {
         let req = req.into_inner();
+        limits::check_detokenize(req.ids.len())?;
         let h = self.daemon.resolve(&req.model).await?;
         blocking(move || {
             h.model
@@ -357,6 +372,7 @@ impl Colibri for Service {
     ) -> Result<Response<pb::ScoreResponse>, Status> {
         let req = req.into_inner();
         let h = self.daemon.resolve(&req.model).await?;
+        limits::check_score(&h.model, req.ids.len(), req.argmax_only)?;
         let (tx, rx) = oneshot::channel();
         let admission = h.admit()?;
         h.send_admitted(
@@ -632,6 +648,39 @@ impl Colibri for Service {
         // be seen; `send` drops the value when nobody listens yet.
         self.daemon.shutdown.send_replace(true);
         Ok(Response::new(pb::ShutdownResponse {}))
+    }
+
+    async fn serve_http(
+        &self,
+        req: Request<pb::ServeHttpRequest>,
+    ) -> Result<Response<pb::ServeHttpResponse>, Status> {
+        let req = req.into_inner();
+        let address = if req.address.is_empty() {
+            format!("127.0.0.1:{}", crate::http::DEFAULT_PORT)
+        } else {
+            req.address
+        };
+        // The daemon's own --http-* settings (and its key, unless the request brings one).
+        let mut cfg = self.daemon.cfg.http.clone();
+        cfg.address = address;
+        if !req.api_key.is_empty() {
+            cfg.api_key = Some(req.api_key);
+        }
+        let (url, started) = crate::http::ensure_serving(&self.daemon, cfg)
+            .await
+            .map_err(|e| Status::failed_precondition(format!("{e:#}")))?;
+        let models = crate::http::models::listed(&self.daemon)
+            .into_iter()
+            .map(|(name, h)| pb::HttpModel {
+                name,
+                id: h.id.clone(),
+            })
+            .collect();
+        Ok(Response::new(pb::ServeHttpResponse {
+            url,
+            started,
+            models,
+        }))
     }
 }
 

@@ -39,10 +39,10 @@ pub struct ConvertOptions {
     pub attention: Option<WeightFormat>,
 }
 
-/// Parses a format name of the command line: `int8`, `int4`, `int2`, `bf16` (`f16`, `f32`)
-/// with the group size for int4/int2 (0 = one scale per row). A name may carry its own
-/// group size, which then wins: `int8-g32`, `int4-g64`, `int4-row`; `int8` alone is per
-/// row (f32 scales), `int8-gN` grouped with f16 scales.
+/// Parses a format name of the command line: `int8`, `int4`, `int3`, `int2`, `bf16` (`f16`,
+/// `f32`) with the group size for int4/int2 (0 = one scale per row; int3 is always in groups
+/// of 64). A name may carry its own group size, which then wins: `int8-g32`, `int4-g64`,
+/// `int4-row`; `int8` alone is per row (f32 scales), `int8-gN` grouped with f16 scales.
 pub fn parse_format(name: &str, group: u32) -> Result<WeightFormat> {
     if let Some((base, g)) = name.split_once('-') {
         let group = match g {
@@ -102,13 +102,15 @@ pub fn parse_format(name: &str, group: u32) -> Result<WeightFormat> {
                 ScaleType::F16
             },
         },
+        // The C engine's int3: groups of 64 with f32 scales, whatever --group-size says.
+        "int3" => WeightFormat::I3G64,
         "bf16" => WeightFormat::BF16,
         "f16" => WeightFormat::F16,
         "f32" => WeightFormat::F32,
         o => {
             return Err(Error::invalid(
                 "format",
-                format!("'{o}' is not one of int8, int8-gN, int4, int4-gN, int2, bf16"),
+                format!("'{o}' is not one of int8, int8-gN, int4, int4-gN, int3, int2, bf16"),
             ))
         }
     })
@@ -213,7 +215,12 @@ pub fn plan(ckpt: &Checkpoint, opts: &ConvertOptions) -> Result<Vec<PlannedPart>
         let matrix = t.shape.len() == 2 && name.ends_with(".weight");
         let format = if matrix && is_routed_expert(name).is_some() {
             match opts.experts {
-                WeightFormat::I4 { .. } | WeightFormat::I2 { .. } if is_mtp(name) => {
+                WeightFormat::I4 { .. }
+                | WeightFormat::I2 { .. }
+                | WeightFormat::I3G64
+                | WeightFormat::I2Plain
+                    if is_mtp(name) =>
+                {
                     WeightFormat::I8Row
                 }
                 f => f,

@@ -63,6 +63,8 @@ pub unsafe fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) 
         WeightFormat::F16 => dot_f16(w, &act.x),
         WeightFormat::I8Row => dot_i8(w, &act.x) * scalar::scale_at(ScaleType::F32, scales, 0),
         WeightFormat::I8 { .. } => scalar::dot(format, w, scales, &act.x),
+        // `kernels::dot_act` sends the C engine's formats to `lowbit` before this.
+        WeightFormat::I3G64 | WeightFormat::I2Plain => scalar::dot(format, w, scales, &act.x),
         WeightFormat::I4 { scale, .. } | WeightFormat::I2 { scale, .. } => {
             let g = format.group_len(cols).unwrap_or(cols);
             if !g.is_multiple_of(QBLOCK) && g < cols {

@@ -116,9 +116,10 @@ unsafe fn run_rows(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: Level::Avx2 is only chosen when avx2, fma and f16c are detected; the
         // input was prepared for this format by `matmul_many`.
-        Level::Avx2 => super::avx2::matmul_rows(w, input, rows, out, ld),
+        Level::Avx2 if tiled(w.format) => super::avx2::matmul_rows(w, input, rows, out, ld),
         _ => {
-            // The per-row kernels: each token prepared once, every row against it.
+            // The per-row kernels: each token prepared once, every row against it (other
+            // levels, and the colibri C engine's int3/int2 rows, which have no tiles).
             for t in 0..input.n {
                 let a = super::prepare(w.format, input.row(t), w.int8);
                 for r in rows.clone() {
@@ -127,4 +128,9 @@ unsafe fn run_rows(
             }
         }
     }
+}
+
+/// Whether `format` has register tiles (else its products run on the per-row kernels).
+pub(super) fn tiled(format: WeightFormat) -> bool {
+    !matches!(format, WeightFormat::I3G64 | WeightFormat::I2Plain)
 }

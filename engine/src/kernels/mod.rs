@@ -15,6 +15,7 @@
 //! the tile shape, so a token's result does not depend on how many tokens were batched with
 //! it (decode is the `T = 1` case of the same kernel).
 
+pub mod lowbit;
 pub mod scalar;
 
 #[cfg(target_arch = "x86_64")]
@@ -260,7 +261,11 @@ pub fn int8_act_for(format: WeightFormat) -> bool {
         Int8Act::All => format.is_quantized(),
         Int8Act::SubByte => matches!(
             format,
-            WeightFormat::I4 { .. } | WeightFormat::I2 { .. } | WeightFormat::I8 { .. }
+            WeightFormat::I4 { .. }
+                | WeightFormat::I2 { .. }
+                | WeightFormat::I8 { .. }
+                | WeightFormat::I3G64
+                | WeightFormat::I2Plain
         ),
     }
 }
@@ -329,7 +334,8 @@ pub struct Q8Act {
     pub d: Vec<f32>,
     /// `sum(q)` per block (the offset correction of the int4/int2 codes).
     pub qsum: Vec<i32>,
-    /// int4 SIMD order: per pair of full blocks A, B: `[A even | B even | A odd | B odd]`.
+    /// int4 SIMD order: per pair of full blocks A, B: `[A even | B even | A odd | B odd]`
+    /// (int3-g64 and int2-plain have their own order, see `lowbit::order_q8`).
     pub qp: Vec<i8>,
     /// int4 SIMD: per pair, the block scales as the 8 lanes of the pair's sums `[dA×4, dB×4]`.
     pub d8: Vec<f32>,
@@ -395,10 +401,20 @@ pub fn prepare(format: WeightFormat, x: &[f32], int8: bool) -> Act {
         ..Default::default()
     };
     if int8 && q8_supported(format, cols) {
-        act.q8 = Some(quantize_act(x, matches!(format, WeightFormat::I4 { .. })));
+        let mut q = quantize_act(x, matches!(format, WeightFormat::I4 { .. }));
+        if matches!(format, WeightFormat::I3G64 | WeightFormat::I2Plain) {
+            lowbit::order_q8(format, &mut q);
+        }
+        act.q8 = Some(q);
         return act;
     }
-    if matches!(format, WeightFormat::I4 { .. } | WeightFormat::I2 { .. }) {
+    if matches!(
+        format,
+        WeightFormat::I4 { .. }
+            | WeightFormat::I2 { .. }
+            | WeightFormat::I3G64
+            | WeightFormat::I2Plain
+    ) {
         act.bsum = (0..full)
             .map(|b| x[b * QBLOCK..(b + 1) * QBLOCK].iter().sum())
             .collect();
@@ -697,11 +713,12 @@ impl<'a> Input<'a> {
     /// Makes the forms `format` (with or without int8 activations) needs, so the parallel
     /// kernels find them ready.
     pub fn prepare_for(&self, format: WeightFormat, int8: bool) {
+        // Formats without tiles prepare each row themselves (matmul.rs).
+        if level() != Level::Avx2 || !matmul::tiled(format) {
+            return;
+        }
         if int8 {
             self.q8();
-        }
-        if level() != Level::Avx2 {
-            return;
         }
         match (int8, matches!(format, WeightFormat::I4 { .. })) {
             (true, true) => {
@@ -750,6 +767,9 @@ pub fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32], qsum: &mut [i32]) {
 /// `dot(row, act)` for one weight row in `format` with its scales, on the per-row kernels
 /// of this level (AVX2, NEON, else the reference).
 pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 {
+    if matches!(format, WeightFormat::I3G64 | WeightFormat::I2Plain) {
+        return lowbit::dot_act(format, w, scales, act);
+    }
     match level() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: Level::Avx2 is only chosen when avx2, fma and f16c are detected.

@@ -28,6 +28,8 @@ fn formats() -> Vec<WeightFormat> {
         WeightFormat::BF16,
         WeightFormat::F16,
         WeightFormat::I8Row,
+        WeightFormat::I3G64,
+        WeightFormat::I2Plain,
     ];
     for scale in [ScaleType::F32, ScaleType::F16] {
         for group in [0, 32, 64, 96, 128] {

@@ -714,7 +714,7 @@ impl<'a> Input<'a> {
     /// kernels find them ready.
     pub fn prepare_for(&self, format: WeightFormat, int8: bool) {
         // Formats without tiles prepare each row themselves (matmul.rs).
-        if level() != Level::Avx2 || !matmul::tiled(format) {
+        if level() != Level::Avx2 || !matmul::tiled(format, self.cols) {
             return;
         }
         if int8 {

@@ -37,6 +37,12 @@ fn formats() -> Vec<WeightFormat> {
             v.push(WeightFormat::I2 { group, scale });
             v.push(WeightFormat::I8 { group, scale });
         }
+        // Groups narrower than a 32-element block (the C layout's int4-g16) or not a
+        // multiple of one: the per-row kernels, not the tiles.
+        for group in [16, 48] {
+            v.push(WeightFormat::I4 { group, scale });
+            v.push(WeightFormat::I2 { group, scale });
+        }
     }
     v
 }

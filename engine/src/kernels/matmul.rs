@@ -112,15 +112,15 @@ unsafe fn run_rows(
     out: *mut f32,
     ld: usize,
 ) {
-    // The C engine's int3-g64 / plain int2 rows have per-row kernels only (`lowbit`).
-    let tiled = !matches!(w.format, WeightFormat::I3G64 | WeightFormat::I2Plain);
     match level() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: Level::Avx2 is only chosen when avx2, fma and f16c are detected; the
         // input was prepared for this format by `matmul_many`.
-        Level::Avx2 if tiled => super::avx2::matmul_rows(w, input, rows, out, ld),
+        Level::Avx2 if tiled(w.format, w.cols) => super::avx2::matmul_rows(w, input, rows, out, ld),
         _ => {
-            // The per-row kernels: each token prepared once, every row against it.
+            // The per-row kernels: each token prepared once, every row against it (other
+            // levels, the colibri C engine's int3/int2 rows, and groups the tiles' scale
+            // windows cannot express).
             for t in 0..input.n {
                 let a = super::prepare(w.format, input.row(t), w.int8);
                 for r in rows.clone() {
@@ -129,4 +129,14 @@ unsafe fn run_rows(
             }
         }
     }
+}
+
+/// Whether `format` with rows of `cols` has register tiles (else its products run on the
+/// per-row kernels). The tiles take one scale per 32-element block or wider, so a group of a
+/// multiple of 32 or one group per row; the C layout's int4 with 16-element groups is not.
+pub(super) fn tiled(format: WeightFormat, cols: usize) -> bool {
+    !matches!(format, WeightFormat::I3G64 | WeightFormat::I2Plain)
+        && format
+            .group_len(cols)
+            .is_none_or(|g| g.is_multiple_of(super::QBLOCK) || g >= cols)
 }

@@ -713,11 +713,12 @@ impl<'a> Input<'a> {
     /// Makes the forms `format` (with or without int8 activations) needs, so the parallel
     /// kernels find them ready.
     pub fn prepare_for(&self, format: WeightFormat, int8: bool) {
+        // Formats without tiles prepare each row themselves (matmul.rs).
+        if level() != Level::Avx2 || !matmul::tiled(format, self.cols) {
+            return;
+        }
         if int8 {
             self.q8();
-        }
-        if level() != Level::Avx2 {
-            return;
         }
         match (int8, matches!(format, WeightFormat::I4 { .. })) {
             (true, true) => {

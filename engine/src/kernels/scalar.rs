@@ -169,10 +169,10 @@ pub fn dot_q8_blocks(
                 .map(|j| (2 * i2_code(w, j, cols) as i32 - 3) * q[j] as i32)
                 .sum(),
             WeightFormat::I3G64 => r
-                .map(|j| (super::lowbit::i3_code(w, j) as i32 - 4) * q[j] as i32)
+                .map(|j| (super::lowbit::i3_code(w, j) as i32 - 4) * a.q()[j] as i32)
                 .sum(),
             WeightFormat::I2Plain => r
-                .map(|j| (super::lowbit::i2p_code(w, j) as i32 - 2) * q[j] as i32)
+                .map(|j| (super::lowbit::i2p_code(w, j) as i32 - 2) * a.q()[j] as i32)
                 .sum(),
             _ => unreachable!("dot_q8 is only called for quantized formats"),
         };

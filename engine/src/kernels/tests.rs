@@ -28,12 +28,20 @@ fn formats() -> Vec<WeightFormat> {
         WeightFormat::BF16,
         WeightFormat::F16,
         WeightFormat::I8Row,
+        WeightFormat::I3G64,
+        WeightFormat::I2Plain,
     ];
     for scale in [ScaleType::F32, ScaleType::F16] {
         for group in [0, 32, 64, 96, 128] {
             v.push(WeightFormat::I4 { group, scale });
             v.push(WeightFormat::I2 { group, scale });
             v.push(WeightFormat::I8 { group, scale });
+        }
+        // Groups narrower than a 32-element block (the C layout's int4-g16) or not a
+        // multiple of one: the per-row kernels, not the tiles.
+        for group in [16, 48] {
+            v.push(WeightFormat::I4 { group, scale });
+            v.push(WeightFormat::I2 { group, scale });
         }
     }
     v

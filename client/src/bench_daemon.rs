@@ -370,7 +370,6 @@ async fn phase(
     prompts: &Prompts,
     n: usize,
     round: usize,
-    a: &DaemonBenchArgs,
     prompt: usize,
     tokens: usize,
 ) -> anyhow::Result<Phase> {
@@ -386,7 +385,6 @@ async fn phase(
         traces.push(t.await??);
     }
     let after = model_status(c).await?;
-    let _ = a;
     let firsts: Vec<Instant> = traces.iter().filter_map(Trace::first).collect();
     let lasts: Vec<Instant> = traces.iter().filter_map(Trace::last).collect();
     if firsts.len() != n {
@@ -603,7 +601,7 @@ pub fn run(
         };
         for round in 0..a.rounds.max(1) {
             for &n in &a.sessions {
-                let p = phase(&mut c, &model, &prompts, n, round, a, prompt, tokens).await?;
+                let p = phase(&mut c, &model, &prompts, n, round, prompt, tokens).await?;
                 if !a.json {
                     eprintln!(
                         "round {round}: {n} sessions: {:.2} tok/s aggregate, TTFT {:.0} ms, ITL p50 {:.1} ms p99 {:.1} ms, {:.2} rows/step{}",

@@ -349,6 +349,7 @@ impl Speculator {
     /// Takes the step's outputs for `plan` (`logits` of the rows it wanted, `hidden` of the
     /// rows it wanted, the step's wall time) and emits the tokens they decide, calling
     /// `on_event` for each.
+    #[allow(clippy::too_many_arguments)]
     pub fn finish(
         &mut self,
         model: &Model,

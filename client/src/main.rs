@@ -5,6 +5,7 @@
 //! `foo.rs`, add a variant to [`Command`] and one arm to [`dispatch`].
 
 mod bench;
+mod bench_daemon;
 mod chat;
 mod completions;
 mod convert;

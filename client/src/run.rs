@@ -133,8 +133,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub stats: bool,
     /// Draft N tokens per step with the model's MTP layers and verify them in one batched
-    /// forward (DeepSeek-V3 / GLM checkpoints that carry MTP layers; --local only for now).
-    /// Default: automatic for greedy decoding, turned off when it does not pay.
+    /// forward (DeepSeek-V3 / GLM checkpoints that carry MTP layers), in-process or in the
+    /// daemon. Default: automatic for greedy decoding, turned off when it does not pay.
     #[arg(long, value_name = "N", conflicts_with = "no_draft")]
     pub draft: Option<usize>,
     /// Never draft.

@@ -20,8 +20,8 @@ use colibri_engine::experts::StoreStats;
 use colibri_engine::perplexity::{self, Perplexity};
 use colibri_engine::text::ChatMessage;
 use colibri_engine::{
-    FinishReason, GenerateRequest, Generation, KvCache, LogitsWanted, Model, SamplingParams,
-    SeqStep,
+    DraftMode, FinishReason, GenerateRequest, Generation, KvCache, LogitsWanted, Model,
+    SamplingParams, SeqStep, Speculator, StepEvent, StepPlan,
 };
 use colibri_proto::v1 as pb;
 use pb::generate_event::{Event, Finished, Started, Tokens};
@@ -59,6 +59,9 @@ pub struct GenJob {
     pub stop: Vec<String>,
     pub ignore_eos: bool,
     pub return_logits: bool,
+    /// Drafts per step with the model's MTP layers (`GenerationOptions.draft_tokens`; None:
+    /// automatic for greedy decoding).
+    pub draft: Option<usize>,
     pub events: EventSender,
     pub arrived: Instant,
 }
@@ -161,6 +164,9 @@ struct Session {
     tokens: Vec<u32>,
     /// None while a generation holds it.
     cache: Option<KvCache>,
+    /// The MTP layer's cache of the same positions, left by the last generation that drafted
+    /// (lets the next turn draft too); not part of snapshots.
+    mtp: Option<KvCache>,
     /// `cache.len` while the cache is lent out (for listings).
     cached_len: usize,
     kv_bytes: usize,
@@ -176,6 +182,10 @@ struct Session {
 
 struct GenRow {
     gen: Generation,
+    /// Drafts for `gen` with the model's MTP layers (a plain decoder when drafting is off).
+    spec: Speculator,
+    /// Drafting was asked for or automatic (the Finished stats then say how it went).
+    spec_wanted: bool,
     request_id: String,
     session: Option<String>,
     /// The sequence before generation: cached prefix plus everything fed this request.
@@ -247,6 +257,18 @@ impl Row {
     fn is_decode(&self) -> bool {
         matches!(self, Row::Gen(g) if g.prompt_left == 0)
     }
+}
+
+/// A row's part of one step.
+struct Picked {
+    /// Index in `active`.
+    i: usize,
+    tokens: Vec<u32>,
+    logits: LogitsWanted,
+    /// Final hidden states wanted (the MTP layer's input while drafting).
+    hidden: LogitsWanted,
+    /// A generation's plan, handed back to its speculator with the outputs.
+    plan: Option<StepPlan>,
 }
 
 enum Outcome {
@@ -484,6 +506,7 @@ impl Engine {
             id: id.clone(),
             tokens: Vec::new(),
             cache: Some(self.model.new_cache()),
+            mtp: None,
             cached_len: 0,
             kv_bytes: 0,
             messages: Vec::new(),
@@ -542,6 +565,7 @@ impl Engine {
                         kv_bytes: kv.size_bytes(),
                         tokens: meta.tokens,
                         cache: Some(kv),
+                        mtp: None,
                         messages: meta
                             .messages
                             .into_iter()
@@ -599,6 +623,15 @@ impl Engine {
                 ))
             })
         };
+        // Automatic drafting only for greedy decoding: with sampling, speculation keeps the
+        // distribution but its acceptance is lower (as `coli run --local` does).
+        let mode = match job.draft {
+            Some(0) => DraftMode::Off,
+            Some(n) => DraftMode::Tokens(n),
+            None if job.sampling.temperature > 0.0 => DraftMode::Off,
+            None => DraftMode::Auto,
+        };
+        let mut mtp = None;
         let (cache, base_len, full, chat) = match &job.session_id {
             None => {
                 let feed = match &job.input {
@@ -631,6 +664,7 @@ impl Engine {
                     )));
                 }
                 let mut cache = s.cache.take().expect("an idle session holds its cache");
+                mtp = s.mtp.take().filter(|_| mode != DraftMode::Off);
                 let result = (|| match &job.input {
                     GenInput::Ids(v) => Ok((cache.len, [&s.tokens[..], v].concat(), None)),
                     GenInput::Text {
@@ -652,14 +686,20 @@ impl Engine {
                         let (ids, _) = limits::encode_chat(text()?, &all, max_context, "messages")?;
                         // Reuse the cached prefix the re-rendered conversation shares with
                         // the history; at least one token must be fed to get logits.
-                        let common = s
+                        let agree = s
                             .tokens
                             .iter()
                             .zip(&ids)
                             .take_while(|(a, b)| a == b)
-                            .count()
-                            .min(cache.len)
-                            .min(ids.len().saturating_sub(1));
+                            .count();
+                        let mut common = agree.min(cache.len).min(ids.len().saturating_sub(1));
+                        if let Some(m) = &mut mtp {
+                            // MTP position j was built with the token at j + 1: it stays
+                            // valid while that token does. The main cache goes back as far
+                            // (a token or so more to feed) so that the two keep in step.
+                            common = common.min(m.len().min(agree.saturating_sub(1)));
+                            m.truncate(common);
+                        }
                         cache.truncate(common);
                         Ok((common, ids, Some(all)))
                     }
@@ -671,6 +711,7 @@ impl Engine {
                     }
                     Err(e) => {
                         s.cache = Some(cache);
+                        s.mtp = mtp;
                         return Err(e);
                     }
                 }
@@ -678,7 +719,7 @@ impl Engine {
         };
         let feed = full[base_len..].to_vec();
         if feed.is_empty() {
-            self.give_back(&job.session_id, cache);
+            self.give_back(&job.session_id, cache, mtp);
             return Err(convert::invalid(
                 "prompt",
                 "is empty (and the session has no pending token to continue from)",
@@ -692,7 +733,7 @@ impl Engine {
                 .max_context
                 .saturating_sub(base_len + feed.len());
             if room == 0 {
-                self.give_back(&job.session_id, cache);
+                self.give_back(&job.session_id, cache, mtp);
                 // Nothing can be generated: refused like a prompt past the context.
                 let (n, max) = (base_len + feed.len(), self.model.info.max_context);
                 return Err(convert::context_exceeded(if n > max {
@@ -717,7 +758,14 @@ impl Engine {
         let gen = match checked_generation(&self.model, cache, req) {
             Ok(g) => g,
             Err((e, cache)) => {
-                self.give_back(&job.session_id, cache);
+                self.give_back(&job.session_id, cache, mtp);
+                return Err(status_from_engine(&e));
+            }
+        };
+        let spec = match Speculator::new(&self.model, &gen, &job.sampling, mode, mtp) {
+            Ok(s) => s,
+            Err(e) => {
+                self.give_back(&job.session_id, gen.into_cache(), None);
                 return Err(status_from_engine(&e));
             }
         };
@@ -736,6 +784,8 @@ impl Engine {
         let _ = job.events.send(Ok(started));
         Ok(GenRow {
             gen,
+            spec,
+            spec_wanted: mode != DraftMode::Off,
             request_id: job.request_id,
             session: job.session_id,
             prompt_left: feed.len(),
@@ -753,10 +803,11 @@ impl Engine {
         })
     }
 
-    fn give_back(&mut self, session: &Option<String>, cache: KvCache) {
+    fn give_back(&mut self, session: &Option<String>, cache: KvCache, mtp: Option<KvCache>) {
         if let Some(s) = session.as_ref().and_then(|id| self.sessions.get_mut(id)) {
             s.cached_len = cache.len;
             s.cache = Some(cache);
+            s.mtp = mtp;
         }
     }
 
@@ -819,25 +870,37 @@ impl Engine {
             self.cfg.solo_prefill_chunk
         }
         .max(1);
-        // (row index, tokens, logits wanted): every decode row, plus the first row (in
-        // arrival order) that still has prompt to feed.
-        let mut picked: Vec<(usize, Vec<u32>, LogitsWanted)> = Vec::new();
+        let model = Arc::clone(&self.model);
+        // Every decode row (its pending token, with drafts after it when drafting), plus the
+        // first row (in arrival order) that still has prompt to feed.
+        let mut picked: Vec<Picked> = Vec::new();
+        let mut failed: Vec<(usize, Status)> = Vec::new();
         let mut prefill_taken = false;
-        for (i, row) in self.active.iter().enumerate() {
+        for (i, row) in self.active.iter_mut().enumerate() {
             match row {
-                Row::Gen(g) if g.prompt_left == 0 => {
-                    let (t, w) = g.gen.next_input(chunk);
-                    picked.push((i, t.to_vec(), w));
-                }
-                Row::Gen(g) if !prefill_taken => {
-                    prefill_taken = true;
-                    let (t, w) = g.gen.next_input(chunk);
-                    picked.push((i, t.to_vec(), w));
+                Row::Gen(g) if g.prompt_left == 0 || !prefill_taken => {
+                    prefill_taken |= g.prompt_left > 0;
+                    match g.spec.plan(&model, &mut g.gen, chunk) {
+                        Ok(plan) => picked.push(Picked {
+                            i,
+                            tokens: plan.tokens.clone(),
+                            logits: plan.logits,
+                            hidden: plan.hidden,
+                            plan: Some(plan),
+                        }),
+                        Err(e) => failed.push((i, status_from_engine(&e))),
+                    }
                 }
                 Row::Score(s) if !prefill_taken => {
                     prefill_taken = true;
                     let n = chunk.min(s.ids.len() - s.fed);
-                    picked.push((i, s.ids[s.fed..s.fed + n].to_vec(), LogitsWanted::All));
+                    picked.push(Picked {
+                        i,
+                        tokens: s.ids[s.fed..s.fed + n].to_vec(),
+                        logits: LogitsWanted::All,
+                        hidden: LogitsWanted::None,
+                        plan: None,
+                    });
                 }
                 Row::Perplexity(p) if !prefill_taken => {
                     prefill_taken = true;
@@ -850,36 +913,49 @@ impl Engine {
                 _ => {}
             }
         }
+        // Remove from the back so earlier indices stay valid (picked ones too).
+        for (i, st) in failed.into_iter().rev() {
+            let row = self.active.remove(i);
+            self.finish_row(row, Outcome::Failed(st));
+            for p in picked.iter_mut().filter(|p| p.i > i) {
+                p.i -= 1;
+            }
+        }
         if picked.is_empty() {
             return;
         }
-        let model = Arc::clone(&self.model);
+        let with_hidden = picked.iter().any(|p| p.hidden != LogitsWanted::None);
+        let t = Instant::now();
         let result = {
             let mut steps = Vec::with_capacity(picked.len());
             let mut want = picked.iter().peekable();
             for (i, row) in self.active.iter_mut().enumerate() {
-                if let Some((j, tokens, logits)) = want.peek() {
-                    if *j == i {
+                if let Some(p) = want.peek() {
+                    if p.i == i {
                         steps.push(SeqStep {
                             cache: row.cache_mut(),
-                            tokens,
-                            logits: *logits,
+                            tokens: &p.tokens,
+                            logits: p.logits,
                         });
                         want.next();
                     }
                 }
             }
+            let hidden: Vec<LogitsWanted> = picked.iter().map(|p| p.hidden).collect();
             // A bug in a kernel must not take the daemon down: the rows of this batch fail,
             // everyone else carries on.
-            let t = Instant::now();
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                model.forward(&mut steps)
-            }));
-            self.forward_time += t.elapsed();
-            r
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                if with_hidden {
+                    model.forward_with_hidden(&mut steps, &hidden)
+                } else {
+                    model.forward(&mut steps).map(|out| (out, Vec::new()))
+                }
+            }))
         };
+        let seconds = t.elapsed();
+        self.forward_time += seconds;
         self.steps += 1;
-        let out = match result {
+        let (out, hidden) = match result {
             Ok(Ok(out)) => out,
             Ok(Err(e)) => return self.fail_rows(&picked, status_from_engine(&e)),
             Err(panic) => {
@@ -892,35 +968,53 @@ impl Engine {
                 return self.fail_rows(&picked, Status::internal(format!("engine failure: {msg}")));
             }
         };
+        let mut hidden = hidden.into_iter();
+        let vocab = model.info.vocab_size;
         let mut outcomes: Vec<(usize, Outcome)> = Vec::new();
-        for ((i, tokens, want), logits) in picked.iter().zip(out) {
-            let outcome = match &mut self.active[*i] {
+        for (p, logits) in picked.iter_mut().zip(out) {
+            let h = hidden.next().unwrap_or_default();
+            let outcome = match &mut self.active[p.i] {
                 Row::Gen(g) => {
-                    let prefill = g.prompt_left > 0;
-                    if prefill {
-                        g.prompt_left -= tokens.len().min(g.prompt_left);
-                        self.tokens_prefilled += tokens.len() as u64;
+                    if g.prompt_left > 0 {
+                        g.prompt_left -= p.tokens.len().min(g.prompt_left);
+                        self.tokens_prefilled += p.tokens.len() as u64;
                     }
-                    let l = (*want != LogitsWanted::None).then_some(logits.as_slice());
-                    match g.gen.accept(&model, tokens.len(), l) {
+                    let plan = p.plan.take().expect("generation rows are planned");
+                    // A verifying step emits up to drafts + 1 tokens, the one before the
+                    // first rejected draft last: token j came from logits row j.
+                    let mut events: Vec<StepEvent> = Vec::new();
+                    let done = g.spec.finish(
+                        &model,
+                        &mut g.gen,
+                        plan,
+                        &logits,
+                        h,
+                        seconds.as_secs_f64(),
+                        &mut |ev| events.push(ev.clone()),
+                    );
+                    match done {
                         Err(e) => Outcome::Failed(status_from_engine(&e)),
-                        Ok(ev) => {
-                            if let Some(t) = ev.token {
-                                self.tokens_generated += 1;
+                        Ok(()) => {
+                            let ids: Vec<u32> = events.iter().filter_map(|e| e.token).collect();
+                            if !ids.is_empty() {
+                                self.tokens_generated += ids.len() as u64;
                                 g.first_token.get_or_insert_with(Instant::now);
-                                g.reply_text.push_str(&ev.text);
+                                let text: String = events.iter().map(|e| e.text.as_str()).collect();
+                                g.reply_text.push_str(&text);
+                                let logits = if g.return_logits {
+                                    logits[..(ids.len() * vocab).min(logits.len())].to_vec()
+                                } else {
+                                    Vec::new()
+                                };
                                 let msg = pb::GenerateEvent {
-                                    event: Some(Event::Tokens(Tokens {
-                                        ids: vec![t],
-                                        text: ev.text,
-                                        logits: if g.return_logits { logits } else { Vec::new() },
-                                    })),
+                                    event: Some(Event::Tokens(Tokens { ids, text, logits })),
                                 };
                                 if g.events.send(Ok(msg)).is_err() {
                                     g.gen.cancel();
                                 }
                             }
-                            match ev.finished.or(g.gen.finished()) {
+                            let finished = events.iter().rev().find_map(|e| e.finished);
+                            match finished.or(g.gen.finished()) {
                                 Some(r) => Outcome::Finished(r),
                                 None => Outcome::Continue,
                             }
@@ -928,9 +1022,9 @@ impl Engine {
                     }
                 }
                 Row::Score(s) => {
-                    s.fed += tokens.len();
+                    s.fed += p.tokens.len();
                     s.logits.extend_from_slice(&logits);
-                    self.tokens_prefilled += tokens.len() as u64;
+                    self.tokens_prefilled += p.tokens.len() as u64;
                     if s.fed == s.ids.len() {
                         Outcome::Finished(FinishReason::Length)
                     } else {
@@ -965,7 +1059,7 @@ impl Engine {
                 }
             };
             if !matches!(outcome, Outcome::Continue) {
-                outcomes.push((*i, outcome));
+                outcomes.push((p.i, outcome));
             }
         }
         // Remove from the back so earlier indices stay valid.
@@ -975,9 +1069,9 @@ impl Engine {
         }
     }
 
-    fn fail_rows(&mut self, picked: &[(usize, Vec<u32>, LogitsWanted)], st: Status) {
-        for (i, _, _) in picked.iter().rev() {
-            let row = self.active.remove(*i);
+    fn fail_rows(&mut self, picked: &[Picked], st: Status) {
+        for p in picked.iter().rev() {
+            let row = self.active.remove(p.i);
             self.finish_row(row, Outcome::Failed(st.clone()));
         }
     }
@@ -1072,6 +1166,15 @@ impl Engine {
                             .map(|c| c.hit_rate)
                             .unwrap_or(0.0),
                         expert_cache,
+                        speculation: g.spec_wanted.then(|| {
+                            let st = g.spec.stats();
+                            pb::SpeculationStats {
+                                drafted: st.drafted as u32,
+                                accepted: st.accepted as u32,
+                                steps: st.spec_steps as u32,
+                                off_reason: st.disabled.clone().unwrap_or_default(),
+                            }
+                        }),
                     };
                     let _ = g.events.send(Ok(pb::GenerateEvent {
                         event: Some(Event::Finished(Finished {
@@ -1088,10 +1191,17 @@ impl Engine {
                 };
                 let mut tokens = g.full;
                 tokens.extend_from_slice(&generated);
+                // After a failed step the caches may not agree: the MTP one goes.
+                let mtp = if matches!(outcome, Outcome::Failed(_)) {
+                    None
+                } else {
+                    g.spec.into_mtp_cache(&self.model, &g.gen)
+                };
                 let cache = g.gen.into_cache();
                 s.cached_len = cache.len;
-                s.kv_bytes = cache.size_bytes();
+                s.kv_bytes = cache.size_bytes() + mtp.as_ref().map_or(0, KvCache::size_bytes);
                 s.cache = Some(cache);
+                s.mtp = mtp;
                 s.tokens = tokens;
                 if let Some(mut msgs) = g.chat {
                     msgs.push(ChatMessage {

@@ -115,6 +115,7 @@ impl Service {
             stop: o.stop,
             ignore_eos: o.ignore_eos,
             return_logits: o.return_logits,
+            draft: o.draft_tokens.map(|n| n as usize),
             events: tx,
             arrived,
         };

@@ -191,6 +191,11 @@ impl Generation {
         (&mut self.sampler, &self.history)
     }
 
+    /// Every token of this request: its prompt (fed or not yet), then the generated ones.
+    pub fn history(&self) -> &[u32] {
+        &self.history
+    }
+
     /// Prompt tokens not fed to the model yet.
     pub fn prompt_pending(&self) -> usize {
         self.pending.len()

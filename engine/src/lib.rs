@@ -36,4 +36,4 @@ pub use generate::{FinishReason, GenerateRequest, Generation, StepEvent};
 pub use kv::KvCache;
 pub use model::{LogitsWanted, Model, ModelInfo, SeqStep};
 pub use sample::{Sampler, SamplingParams};
-pub use speculative::{DraftMode, SpecStats, SpeculativeGeneration};
+pub use speculative::{DraftMode, SpecStats, SpeculativeGeneration, Speculator, StepPlan};

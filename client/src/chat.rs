@@ -371,6 +371,7 @@ impl DaemonChat {
                 .map(|m| pb::ChatMessage {
                     role: m.role.clone(),
                     content: m.content.clone(),
+                    ..Default::default()
                 })
                 .collect(),
             options: Some(pb::GenerationOptions {
@@ -380,6 +381,7 @@ impl DaemonChat {
                 ..Default::default()
             }),
             session_id: self.session.clone(),
+            ..Default::default()
         };
         let mut stream = self.client.chat(req).await.rpc()?;
         let mut request_id = String::new();

@@ -80,6 +80,7 @@ pub fn sampling(s: &SamplingArgs) -> pb::SamplingParams {
         min_p: Some(p.min_p),
         repetition_penalty: Some(p.repetition_penalty),
         seed: Some(p.seed),
+        ..Default::default()
     }
 }
 
@@ -120,11 +121,13 @@ fn chat_messages(system: Option<&str>, user: &str) -> Vec<pb::ChatMessage> {
         m.push(pb::ChatMessage {
             role: "system".into(),
             content: s.into(),
+            ..Default::default()
         });
     }
     m.push(pb::ChatMessage {
         role: "user".into(),
         content: user.into(),
+        ..Default::default()
     });
     m
 }

@@ -61,6 +61,7 @@ pub fn pb_messages(m: &[colibri_engine::text::ChatMessage]) -> Vec<pb::ChatMessa
         .map(|m| pb::ChatMessage {
             role: m.role.clone(),
             content: m.content.clone(),
+            ..Default::default()
         })
         .collect()
 }
@@ -78,6 +79,7 @@ pub fn model_info(id: &str, m: &colibri_engine::Model) -> pb::ModelInfo {
         bos_id: i.bos_id,
         weight_bytes: i.weight_bytes as u64,
         has_tokenizer: m.text.is_some(),
+        ..Default::default()
     }
 }
 

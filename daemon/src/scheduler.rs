@@ -776,6 +776,7 @@ impl Engine {
                                         ids: vec![t],
                                         text: ev.text,
                                         logits: if g.return_logits { logits } else { Vec::new() },
+                                        ..Default::default()
                                     })),
                                 };
                                 if g.events.send(Ok(msg)).is_err() {
@@ -904,6 +905,7 @@ impl Engine {
                             reason: convert::finish_reason(reason) as i32,
                             stats: Some(stats),
                             session_id: g.session.clone().unwrap_or_default(),
+                            ..Default::default()
                         })),
                     }));
                 }

@@ -633,6 +633,7 @@ async fn chat_session_reuses_its_cache_and_shutdown_rpc_exits_cleanly() {
     let msg = |role: &str, content: &str| pb::ChatMessage {
         role: role.into(),
         content: content.into(),
+        ..Default::default()
     };
     let chat = |session: &str, m: Vec<pb::ChatMessage>| pb::ChatRequest {
         model: id.clone(),
@@ -643,6 +644,7 @@ async fn chat_session_reuses_its_cache_and_shutdown_rpc_exits_cleanly() {
             ignore_eos: true,
             ..Default::default()
         }),
+        ..Default::default()
     };
     match c.chat(chat("", vec![msg("user", "hello")])).await {
         Err(e) if e.code() == Code::FailedPrecondition => {

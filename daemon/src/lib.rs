@@ -5,11 +5,13 @@
 //! - [`service`]: gRPC handlers (validate, route, wait; never compute).
 //! - [`daemon`]: loaded models and their engine threads, sessions across models and disk.
 //! - [`scheduler`]: the engine thread: batched steps over all live generations.
+//! - [`prefix`]: the prefix cache (KV of earlier requests reused by later ones).
 //! - [`snapshot`] and [`state`]: session snapshots and other persisted files.
 //! - [`server`]: putting it together (health, reflection, signals, shutdown).
 
 pub mod convert;
 pub mod daemon;
+pub mod prefix;
 pub mod scheduler;
 pub mod server;
 pub mod service;

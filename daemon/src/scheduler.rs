@@ -13,10 +13,12 @@
 //! (the last sampled token, or a prompt cut short by a cancel) are fed first next turn.
 
 use crate::convert::{self, now_unix_ms, status_from_engine};
+use crate::prefix::{Policy, PrefixCache};
 use crate::snapshot::{self, SessionMeta, SnapshotError, SnapshotMessage};
 use crate::state::{self, StateDir};
 use colibri_engine::experts::StoreStats;
-use colibri_engine::text::ChatMessage;
+use colibri_engine::structured::{GrammarCompiler, OutputFormat};
+use colibri_engine::text::{ChatMessage, ToolCall, ToolChoice, ToolSpec};
 use colibri_engine::{
     FinishReason, GenerateRequest, Generation, KvCache, LogitsWanted, Model, SamplingParams,
     SeqStep,
@@ -56,6 +58,23 @@ pub struct GenJob {
     pub return_logits: bool,
     pub events: EventSender,
     pub arrived: Instant,
+    pub extras: GenExtras,
+}
+
+/// The chat-API parts of a request: tools, template variables, logprobs, structured
+/// output. Default = none of them.
+#[derive(Clone, Debug, Default)]
+pub struct GenExtras {
+    /// Tools offered (Chat only).
+    pub tools: Vec<ToolSpec>,
+    pub tool_choice: ToolChoice,
+    /// Several calls allowed in one reply.
+    pub parallel_tool_calls: bool,
+    /// Extra chat-template variables (e.g. enable_thinking).
+    pub template_vars: serde_json::Map<String, serde_json::Value>,
+    /// Report logprobs with this many alternatives.
+    pub logprobs: Option<usize>,
+    pub response_format: Option<OutputFormat>,
 }
 
 pub struct ScoreJob {
@@ -100,6 +119,9 @@ pub struct EngineConfig {
     pub solo_prefill_chunk: usize,
     /// A session idle this long is snapshotted to disk.
     pub session_save_after: Duration,
+    /// Bytes of KV the prefix cache may keep (0 = off), and its eviction order.
+    pub prefix_cache_bytes: usize,
+    pub prefix_cache_policy: Policy,
 }
 
 /// What the engine thread publishes for Status/ListSessions after every iteration, so the
@@ -115,6 +137,10 @@ pub struct Published {
     pub tokens_prefilled: u64,
     /// Seconds spent in `Model::forward` since load.
     pub forward_seconds: f64,
+    /// The prefix cache: bytes held, entries, prompt tokens it saved from prefill.
+    pub prefix_cache_bytes: u64,
+    pub prefix_cache_entries: u32,
+    pub prefix_cache_reused_tokens: u64,
     /// Since when nothing has run (None while busy).
     pub idle_since: Option<Instant>,
 }
@@ -171,6 +197,7 @@ struct GenRow {
     /// The whole conversation for a Chat request (the session's messages plus this turn's).
     chat: Option<Vec<ChatMessage>>,
     reply_text: String,
+    reasoning_text: String,
     prompt_tokens: usize,
     cached_tokens: usize,
     arrived: Instant,
@@ -196,12 +223,6 @@ enum Row {
 }
 
 impl Row {
-    fn cache_mut(&mut self) -> &mut KvCache {
-        match self {
-            Row::Gen(g) => &mut g.gen.cache,
-            Row::Score(s) => &mut s.cache,
-        }
-    }
     fn is_decode(&self) -> bool {
         matches!(self, Row::Gen(g) if g.prompt_left == 0)
     }
@@ -229,6 +250,12 @@ pub struct Engine {
     /// Time spent in `Model::forward`.
     forward_time: Duration,
     idle_since: Option<Instant>,
+    /// KV of finished requests, reused by later ones with the same prefix.
+    prefix: PrefixCache<KvCache>,
+    /// Structured output's grammar compiler (indexes the vocabulary once, on first use).
+    grammar: Option<Result<Arc<GrammarCompiler>, String>>,
+    /// Tool call ids: per-engine counter.
+    calls_made: u64,
 }
 
 /// How often an idle engine thread wakes up to snapshot idle sessions.
@@ -249,7 +276,6 @@ impl Engine {
             rx,
             shared,
             state,
-            cfg,
             sessions: HashMap::new(),
             active: Vec::new(),
             waiting: VecDeque::new(),
@@ -258,6 +284,10 @@ impl Engine {
             tokens_prefilled: 0,
             forward_time: Duration::ZERO,
             idle_since: Some(Instant::now()),
+            prefix: PrefixCache::new(cfg.prefix_cache_bytes, cfg.prefix_cache_policy),
+            grammar: None,
+            calls_made: 0,
+            cfg,
         }
     }
 
@@ -455,6 +485,7 @@ impl Engine {
                             .map(|m| ChatMessage {
                                 role: m.role,
                                 content: m.content,
+                                ..Default::default()
                             })
                             .collect(),
                         created_ms: meta.created_unix_ms,
@@ -505,6 +536,74 @@ impl Engine {
                 ))
             })
         };
+        let x = &job.extras;
+        let chat_input = matches!(job.input, GenInput::Chat(_));
+        if !chat_input && !x.tools.is_empty() {
+            return Err(convert::invalid("tools", "are only for Chat requests"));
+        }
+        // Tools the model is shown (tool_choice none: not offered) and a forced call.
+        let offered: &[ToolSpec] = if x.tool_choice == ToolChoice::None {
+            &[]
+        } else {
+            &x.tools
+        };
+        let forced = match &x.tool_choice {
+            ToolChoice::Required | ToolChoice::Named(_) if x.tools.is_empty() => {
+                return Err(convert::invalid(
+                    "tool_choice",
+                    "requires a call but no tools were given",
+                ))
+            }
+            ToolChoice::Named(n) => {
+                let t = x.tools.iter().find(|t| &t.name == n).ok_or_else(|| {
+                    convert::invalid("tool_choice.name", format!("no tool named '{n}'"))
+                })?;
+                Some(vec![t.clone()])
+            }
+            ToolChoice::Required => Some(x.tools.clone()),
+            _ => None,
+        };
+        if forced.is_some() && x.response_format.is_some() {
+            return Err(convert::invalid(
+                "response_format",
+                "cannot be combined with a required or named tool_choice",
+            ));
+        }
+        if !offered.is_empty() {
+            let t = text()?;
+            if t.tool_format().is_none() {
+                return Err(convert::invalid(
+                    "tools",
+                    format!(
+                        "model {model_id} (model_type {}) has no tool-call syntax in its chat template, so it cannot be given tools",
+                        self.model.info.model_type
+                    ),
+                ));
+            }
+        }
+        let constrained = forced.is_some() || x.response_format.is_some();
+        // A chat prompt: rendered with the tools and variables; with a constraint, an open
+        // think block is closed first (the grammar covers the answer).
+        let render = |msgs: &[ChatMessage]| -> Result<(Vec<u32>, String), Status> {
+            if msgs.is_empty() {
+                return Err(convert::invalid("messages", "is empty"));
+            }
+            let t = text()?;
+            let mut rendered = t
+                .render_chat_with(msgs, true, offered, &x.template_vars)
+                .map_err(|e| status_from_engine(&e))?;
+            if constrained
+                && t.has_think_tags()
+                && colibri_engine::text::prompt_opens_think(&rendered)
+            {
+                rendered.push_str("</think>\n\n");
+            }
+            let ids = t
+                .encode(&rendered, false)
+                .map_err(|e| status_from_engine(&e))?;
+            Ok((ids, rendered))
+        };
+        let mut rendered_prompt = None;
         let (cache, base_len, full, chat) = match &job.session_id {
             None => {
                 let feed = match &job.input {
@@ -515,13 +614,21 @@ impl Engine {
                     } => text()?
                         .encode(t, add_special.unwrap_or(true))
                         .map_err(|e| status_from_engine(&e))?,
-                    GenInput::Chat(msgs) => encode_chat(text()?, msgs)?,
+                    GenInput::Chat(msgs) => {
+                        let (ids, r) = render(msgs)?;
+                        rendered_prompt = Some(r);
+                        ids
+                    }
                 };
                 let chat = match &job.input {
                     GenInput::Chat(m) => Some(m.clone()),
                     _ => None,
                 };
-                (self.model.new_cache(), 0, feed, chat)
+                // The longest prefix an earlier request left in the prefix cache.
+                match self.prefix.lookup(&feed) {
+                    Some((cache, n)) => (cache, n, feed, chat),
+                    None => (self.model.new_cache(), 0, feed, chat),
+                }
             }
             Some(sid) => {
                 let (s, _) = self.session(sid)?;
@@ -532,7 +639,7 @@ impl Engine {
                 }
                 let mut cache = s.cache.take().expect("an idle session holds its cache");
                 let result = (|| match &job.input {
-                    GenInput::Ids(v) => Ok((cache.len, [&s.tokens[..], v].concat(), None)),
+                    GenInput::Ids(v) => Ok((cache.len, [&s.tokens[..], v].concat(), None, None)),
                     GenInput::Text {
                         text: t,
                         add_special,
@@ -540,11 +647,11 @@ impl Engine {
                         let ids = text()?
                             .encode(t, add_special.unwrap_or(s.tokens.is_empty()))
                             .map_err(|e| status_from_engine(&e))?;
-                        Ok((cache.len, [&s.tokens[..], &ids].concat(), None))
+                        Ok((cache.len, [&s.tokens[..], &ids].concat(), None, None))
                     }
                     GenInput::Chat(new) => {
                         let all: Vec<ChatMessage> = s.messages.iter().chain(new).cloned().collect();
-                        let ids = encode_chat(text()?, &all)?;
+                        let (ids, r) = render(&all)?;
                         // Reuse the cached prefix the re-rendered conversation shares with
                         // the history; at least one token must be fed to get logits.
                         let common = s
@@ -556,12 +663,13 @@ impl Engine {
                             .min(cache.len)
                             .min(ids.len().saturating_sub(1));
                         cache.truncate(common);
-                        Ok((common, ids, Some(all)))
+                        Ok((common, ids, Some(all), Some(r)))
                     }
                 })();
                 match result {
-                    Ok((base_len, full, chat)) => {
+                    Ok((base_len, full, chat, r)) => {
                         s.cached_len = cache.len;
+                        rendered_prompt = r;
                         (cache, base_len, full, chat)
                     }
                     Err(e) => {
@@ -579,20 +687,64 @@ impl Engine {
                 "is empty (and the session has no pending token to continue from)",
             ));
         }
+        // How the reply is split (chat only): reasoning, tool calls with fresh ids.
+        let reply = match (&rendered_prompt, &model.text) {
+            (Some(r), Some(t)) => {
+                self.calls_made += 1;
+                let prefix = format!(
+                    "call_{:x}{:04x}_",
+                    now_unix_ms() & 0xffff_ffff,
+                    self.calls_made & 0xffff
+                );
+                t.reply_config(r, offered, &prefix)
+            }
+            _ => Default::default(),
+        };
         let req = GenerateRequest {
             prompt: feed.clone(),
             max_tokens: job.max_tokens,
             sampling: job.sampling.clone(),
             stop_strings: job.stop.clone(),
             ignore_eos: job.ignore_eos,
+            logprobs: x.logprobs,
+            reply,
         };
-        let gen = match checked_generation(&self.model, cache, req) {
+        let format = match (&forced, &x.response_format) {
+            (Some(tools), _) => Some(OutputFormat::ToolCalls {
+                format: model
+                    .text
+                    .as_ref()
+                    .and_then(|t| t.tool_format())
+                    .expect("checked with the tools above"),
+                tools: tools.clone(),
+                parallel: x.parallel_tool_calls,
+            }),
+            (None, Some(f)) => Some(f.clone()),
+            _ => None,
+        };
+        let constraint = match format {
+            None => None,
+            Some(f) => match self.grammar().and_then(|g| {
+                g.constraint(text()?, &f)
+                    .map_err(|e| status_from_engine(&e))
+            }) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    self.give_back(&job.session_id, cache);
+                    return Err(e);
+                }
+            },
+        };
+        let mut gen = match checked_generation(&self.model, cache, req) {
             Ok(g) => g,
             Err((e, cache)) => {
                 self.give_back(&job.session_id, cache);
                 return Err(status_from_engine(&e));
             }
         };
+        if let Some(c) = constraint {
+            gen.set_constraint(c);
+        }
         if let Some(sid) = &job.session_id {
             let s = self.sessions.get_mut(sid).expect("looked up above");
             s.busy = Some(job.request_id.clone());
@@ -618,11 +770,40 @@ impl Engine {
             return_logits: job.return_logits,
             chat,
             reply_text: String::new(),
+            reasoning_text: String::new(),
             arrived: job.arrived,
             admitted: None,
             first_token: None,
             cache_at_admission: None,
         })
+    }
+
+    /// The grammar compiler, built on first use (it indexes the whole vocabulary).
+    fn grammar(&mut self) -> Result<Arc<GrammarCompiler>, Status> {
+        if self.grammar.is_none() {
+            let t = Instant::now();
+            let r = match &self.model.text {
+                None => Err("the model has no tokenizer.json".to_string()),
+                Some(text) => {
+                    GrammarCompiler::new(text, self.model.info.vocab_size, &self.model.info.eos_ids)
+                        .map(Arc::new)
+                        .map_err(|e| e.to_string())
+                }
+            };
+            tracing::info!(
+                "model {}: structured output ready in {:.0} ms",
+                self.id,
+                t.elapsed().as_secs_f64() * 1e3
+            );
+            self.grammar = Some(r);
+        }
+        match self.grammar.as_ref().expect("set above") {
+            Ok(g) => Ok(Arc::clone(g)),
+            Err(e) => Err(Status::failed_precondition(format!(
+                "structured output is not available for model {}: {e}",
+                self.id
+            ))),
+        }
     }
 
     fn give_back(&mut self, session: &Option<String>, cache: KvCache) {
@@ -718,12 +899,25 @@ impl Engine {
         let model = Arc::clone(&self.model);
         let result = {
             let mut steps = Vec::with_capacity(picked.len());
+            // Grammars of rows that sample this step: their masks are computed while the
+            // forward pass runs (they depend only on the tokens sampled so far).
+            let mut grammars = Vec::new();
             let mut want = picked.iter().peekable();
             for (i, row) in self.active.iter_mut().enumerate() {
                 if let Some((j, tokens, logits)) = want.peek() {
                     if *j == i {
+                        let cache = match row {
+                            Row::Gen(g) => {
+                                let (cache, c) = g.gen.cache_and_constraint();
+                                if *logits != LogitsWanted::None {
+                                    grammars.extend(c);
+                                }
+                                cache
+                            }
+                            Row::Score(s) => &mut s.cache,
+                        };
                         steps.push(SeqStep {
-                            cache: row.cache_mut(),
+                            cache,
                             tokens,
                             logits: *logits,
                         });
@@ -734,9 +928,17 @@ impl Engine {
             // A bug in a kernel must not take the daemon down: the rows of this batch fail,
             // everyone else carries on.
             let t = Instant::now();
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                model.forward(&mut steps)
-            }));
+            let r = std::thread::scope(|s| {
+                if !grammars.is_empty() {
+                    // A failed mask is reported again (and fails its row) when applied.
+                    s.spawn(move || {
+                        for c in grammars {
+                            let _ = c.prepare_mask();
+                        }
+                    });
+                }
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| model.forward(&mut steps)))
+            });
             self.forward_time += t.elapsed();
             r
         };
@@ -771,12 +973,30 @@ impl Engine {
                                 self.tokens_generated += 1;
                                 g.first_token.get_or_insert_with(Instant::now);
                                 g.reply_text.push_str(&ev.text);
+                                g.reasoning_text.push_str(&ev.reasoning);
+                                let logprobs = match (ev.logprob, &model.text) {
+                                    (Some(lp), Some(text)) => {
+                                        vec![convert::token_logprob(text, &lp)]
+                                    }
+                                    _ => Vec::new(),
+                                };
                                 let msg = pb::GenerateEvent {
                                     event: Some(Event::Tokens(Tokens {
                                         ids: vec![t],
                                         text: ev.text,
                                         logits: if g.return_logits { logits } else { Vec::new() },
-                                        ..Default::default()
+                                        logprobs,
+                                        reasoning: ev.reasoning,
+                                        tool_calls: ev
+                                            .tool_calls
+                                            .into_iter()
+                                            .map(|d| pb::ToolCallDelta {
+                                                index: d.index as u32,
+                                                id: d.id,
+                                                name: d.name,
+                                                arguments: d.arguments,
+                                            })
+                                            .collect(),
                                     })),
                                 };
                                 if g.events.send(Ok(msg)).is_err() {
@@ -900,16 +1120,40 @@ impl Engine {
                             .unwrap_or(0.0),
                         expert_cache,
                     };
+                    let summary = g.gen.reply_summary().cloned().unwrap_or_default();
+                    let mut reason = convert::finish_reason(reason);
+                    if reason == pb::FinishReason::Eos && !summary.tool_calls.is_empty() {
+                        reason = pb::FinishReason::ToolCalls;
+                    }
                     let _ = g.events.send(Ok(pb::GenerateEvent {
                         event: Some(Event::Finished(Finished {
-                            reason: convert::finish_reason(reason) as i32,
+                            reason: reason as i32,
                             stats: Some(stats),
                             session_id: g.session.clone().unwrap_or_default(),
-                            ..Default::default()
+                            tool_calls: convert::pb_tool_calls(&summary.tool_calls),
+                            tool_call_incomplete: summary.incomplete_call,
                         })),
                     }));
                 }
-                let Some(sid) = g.session else { return };
+                let tool_calls: Vec<ToolCall> = g
+                    .gen
+                    .reply_summary()
+                    .map(|s| s.tool_calls.clone())
+                    .unwrap_or_default();
+                let Some(sid) = g.session else {
+                    // Keep the KV for later requests with the same prefix (not a failed
+                    // step's: its cache may hold half-written positions).
+                    if reason.is_some() && self.cfg.prefix_cache_bytes > 0 {
+                        let cache = g.gen.into_cache();
+                        let mut tokens = g.full;
+                        tokens.extend_from_slice(&generated);
+                        if cache.len <= tokens.len() {
+                            tokens.truncate(cache.len);
+                            self.prefix.insert(tokens, cache);
+                        }
+                    }
+                    return;
+                };
                 let Some(s) = self.sessions.get_mut(&sid) else {
                     return;
                 };
@@ -924,6 +1168,10 @@ impl Engine {
                     msgs.push(ChatMessage {
                         role: "assistant".into(),
                         content: g.reply_text,
+                        tool_calls,
+                        reasoning_content: (!g.reasoning_text.is_empty())
+                            .then_some(g.reasoning_text),
+                        ..Default::default()
                     });
                     s.messages = msgs;
                 }
@@ -1057,6 +1305,8 @@ impl Engine {
                 session_info(&self.id, s)
             })
             .collect();
+        // The prefix cache's KV is idle KV too.
+        idle_kv += self.prefix.bytes() as u64;
         kv += idle_kv;
         // Idle sessions' caches stay in RAM: a streamed model's expert cache makes room for
         // them (the stepped ones are reported by each forward pass).
@@ -1074,6 +1324,9 @@ impl Engine {
             tokens_prefilled: self.tokens_prefilled,
             forward_seconds: self.forward_time.as_secs_f64(),
             idle_since: self.idle_since,
+            prefix_cache_bytes: self.prefix.bytes() as u64,
+            prefix_cache_entries: self.prefix.len() as u32,
+            prefix_cache_reused_tokens: self.prefix.stats.reused_tokens,
         };
         *self.shared.published.lock().expect("published lock") = p;
     }
@@ -1101,20 +1354,6 @@ fn session_info(model_id: &str, s: &Session) -> pb::SessionInfo {
         persisted: s.persisted,
         messages: s.messages.len() as u32,
     }
-}
-
-fn encode_chat(
-    text: &colibri_engine::text::Text,
-    msgs: &[ChatMessage],
-) -> Result<Vec<u32>, Status> {
-    if msgs.is_empty() {
-        return Err(convert::invalid("messages", "is empty"));
-    }
-    let rendered = text
-        .render_chat(msgs, true)
-        .map_err(|e| status_from_engine(&e))?;
-    text.encode(&rendered, false)
-        .map_err(|e| status_from_engine(&e))
 }
 
 /// `Generation::new` validates a request against `cache.len()` but consumes the cache,

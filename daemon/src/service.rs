@@ -85,10 +85,12 @@ impl Service {
         session_id: String,
         input: GenInput,
         options: Option<pb::GenerationOptions>,
+        chat: Option<&pb::ChatRequest>,
     ) -> Result<Response<BoxStream<pb::GenerateEvent>>, Status> {
         let arrived = Instant::now();
-        let h = self.model_for(model, &session_id).await?;
         let o = options.unwrap_or_default();
+        let extras = convert::gen_extras(&o, chat)?;
+        let h = self.model_for(model, &session_id).await?;
         if o.request_id.len() > 128 {
             return Err(convert::invalid(
                 "options.request_id",
@@ -112,6 +114,7 @@ impl Service {
             return_logits: o.return_logits,
             events: tx,
             arrived,
+            extras,
         };
         let admission = h.admit()?;
         h.send_admitted(admission, Job::Generate(job))?;
@@ -270,7 +273,7 @@ impl Colibri for Service {
                 add_special: req.add_special_tokens,
             }
         };
-        self.start_generation(&req.model, req.session_id, input, req.options)
+        self.start_generation(&req.model, req.session_id, input, req.options, None)
             .await
     }
 
@@ -288,8 +291,14 @@ impl Colibri for Service {
             return Err(convert::invalid(&format!("messages[{i}].role"), "is empty"));
         }
         let input = GenInput::Chat(convert::chat_messages(&req.messages));
-        self.start_generation(&req.model, req.session_id, input, req.options)
-            .await
+        self.start_generation(
+            &req.model,
+            req.session_id.clone(),
+            input,
+            req.options.clone(),
+            Some(&req),
+        )
+        .await
     }
 
     async fn tokenize(

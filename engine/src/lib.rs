@@ -25,6 +25,7 @@ pub mod model;
 pub mod quant;
 pub mod sample;
 pub mod speculative;
+pub mod structured;
 pub mod synth;
 pub mod tensor;
 pub mod text;

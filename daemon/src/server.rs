@@ -58,8 +58,10 @@ pub struct Args {
     /// that start with the same tokens), MiB; 0 = off.
     #[arg(long, value_name = "MIB", default_value_t = 1024)]
     pub prefix_cache: u64,
-    /// Which prefix-cache entry is dropped first: lru, lfu or largest.
-    #[arg(long, default_value = "lru", value_parser = ["lru", "lfu", "largest"])]
+    /// Which prefix-cache entry is dropped first: lfu (fewest uses per time since last
+    /// use; measured best on a chat + agent mix, daemon/examples/prefix_policy.rs), lru or
+    /// largest.
+    #[arg(long, default_value = "lfu", value_parser = ["lru", "lfu", "largest"])]
     pub prefix_cache_policy: String,
 }
 
@@ -105,7 +107,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             session_save_after: Duration::from_secs_f64(args.session_save_after.max(0.0)),
             prefix_cache_bytes: (args.prefix_cache as usize) << 20,
             prefix_cache_policy: crate::prefix::Policy::parse(&args.prefix_cache_policy)
-                .unwrap_or(crate::prefix::Policy::Lru),
+                .unwrap_or(crate::prefix::Policy::Lfu),
         },
         queue: args.queue,
         stream: args.stream || args.expert_cache.is_some(),

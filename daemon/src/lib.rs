@@ -8,10 +8,12 @@
 //! - [`prefix`]: the prefix cache (KV of earlier requests reused by later ones).
 //! - [`snapshot`] and [`state`]: session snapshots and other persisted files.
 //! - [`server`]: putting it together (health, reflection, signals, shutdown).
+//! - [`http`]: the OpenAI/Anthropic-compatible HTTP API, a translation onto [`service`].
 
 pub mod convert;
 pub mod daemon;
 pub mod prefix;
+pub mod http;
 pub mod scheduler;
 pub mod server;
 pub mod service;

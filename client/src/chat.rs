@@ -693,8 +693,9 @@ impl LocalChat {
             .as_ref()
             .ok_or_else(|| anyhow!("no tokenizer"))?;
         let rendered = t.render_chat(messages, true)?;
+        let room = self.model.info.max_context;
         Ok((
-            t.encode(&rendered, false)?,
+            t.encode_within(&rendered, false, room)?,
             t.reply_config(&rendered, &[], ""),
         ))
     }

@@ -14,6 +14,7 @@
 
 use crate::convert::{self, now_unix_ms, status_from_engine};
 use crate::prefix::{Policy, PrefixCache};
+use crate::limits;
 use crate::snapshot::{self, SessionMeta, SnapshotError, SnapshotMessage};
 use crate::state::{self, StateDir};
 use colibri_engine::experts::StoreStats;
@@ -259,6 +260,11 @@ pub struct Engine {
     grammar: Option<Result<Arc<GrammarCompiler>, String>>,
     /// Tool call ids: per-engine counter.
     calls_made: u64,
+    /// When busy stepping, the last look for idle sessions to snapshot.
+    last_save_look: Instant,
+    /// Test hook (`COLIBRI_STEP_PAUSE_MS`): a pause after every step, so that a browser
+    /// test can watch a tiny fixture's reply stream and stop it midway.
+    step_pause: Option<Duration>,
 }
 
 /// How often an idle engine thread wakes up to snapshot idle sessions.
@@ -290,6 +296,11 @@ impl Engine {
             prefix: PrefixCache::new(cfg.prefix_cache_bytes, cfg.prefix_cache_policy),
             grammar: None,
             calls_made: 0,
+            last_save_look: Instant::now(),
+            step_pause: std::env::var("COLIBRI_STEP_PAUSE_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map(Duration::from_millis),
             cfg,
         }
     }
@@ -324,6 +335,15 @@ impl Engine {
             if !self.active.is_empty() {
                 self.idle_since = None;
                 self.step();
+                // Sessions left idle are snapshotted under constant traffic too, or a crash
+                // would lose them (found by the soak test); at most one look a second.
+                if self.last_save_look.elapsed() >= Duration::from_secs(1) {
+                    self.last_save_look = Instant::now();
+                    self.save_idle_sessions();
+                }
+                if let Some(d) = self.step_pause {
+                    std::thread::sleep(d);
+                }
             } else if self.idle_since.is_none() {
                 self.idle_since = Some(Instant::now());
             }
@@ -531,6 +551,7 @@ impl Engine {
     /// Validates a Generate/Chat job and turns it into a row; sends Started on success.
     fn prepare(&mut self, job: GenJob) -> Result<GenRow, Status> {
         let model = Arc::clone(&self.model);
+        let max_context = model.info.max_context;
         let model_id = self.id.clone();
         let text = || {
             model.text.as_ref().ok_or_else(|| {
@@ -601,9 +622,8 @@ impl Engine {
             {
                 rendered.push_str("</think>\n\n");
             }
-            let ids = t
-                .encode(&rendered, false)
-                .map_err(|e| status_from_engine(&e))?;
+            // The template wrote the special tokens itself.
+            let ids = limits::encode_text(t, &rendered, false, max_context, "messages")?;
             Ok((ids, rendered))
         };
         let mut rendered_prompt = None;
@@ -614,9 +634,13 @@ impl Engine {
                     GenInput::Text {
                         text: t,
                         add_special,
-                    } => text()?
-                        .encode(t, add_special.unwrap_or(true))
-                        .map_err(|e| status_from_engine(&e))?,
+                    } => limits::encode_text(
+                        text()?,
+                        t,
+                        add_special.unwrap_or(true),
+                        max_context,
+                        "prompt",
+                    )?,
                     GenInput::Chat(msgs) => {
                         let (ids, r) = render(msgs)?;
                         rendered_prompt = Some(r);
@@ -647,9 +671,14 @@ impl Engine {
                         text: t,
                         add_special,
                     } => {
-                        let ids = text()?
-                            .encode(t, add_special.unwrap_or(s.tokens.is_empty()))
-                            .map_err(|e| status_from_engine(&e))?;
+                        let room = max_context.saturating_sub(s.tokens.len());
+                        let ids = limits::encode_text(
+                            text()?,
+                            t,
+                            add_special.unwrap_or(s.tokens.is_empty()),
+                            room,
+                            "prompt",
+                        )?;
                         Ok((cache.len, [&s.tokens[..], &ids].concat(), None, None))
                     }
                     GenInput::Chat(new) => {

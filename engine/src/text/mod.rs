@@ -4,12 +4,14 @@
 //! streaming helpers: [`IncrementalDecoder`] and [`StopMatcher`]; tool calling and the
 //! reasoning split ([`tools`], [`reply`]).
 
+mod bounded;
 mod detok;
 pub mod reply;
 mod stop;
 mod template;
 pub mod tools;
 
+pub use bounded::TokenBound;
 pub use detok::IncrementalDecoder;
 pub use reply::{ReplyConfig, ReplyDelta, ReplyParser, ReplySummary, ToolCallDelta};
 pub use stop::StopMatcher;
@@ -97,6 +99,8 @@ pub struct Text {
     /// Every token's bytes (from tokenizer.json, as llguidance reads it), built on first use:
     /// structured output and logprobs need them.
     token_bytes: OnceLock<std::result::Result<Vec<Vec<u8>>, String>>,
+    /// What a text can cost, for refusing one that cannot fit before tokenizing it.
+    bound: TokenBound,
 }
 
 /// The special-token entries of tokenizer_config.json that transformers passes to templates.
@@ -116,8 +120,15 @@ impl Text {
     /// config.json (its eos/bos ids count too).
     pub fn load(dir: &Path, config: &Value) -> Result<Text> {
         let tokenizer_path = dir.join("tokenizer.json");
-        let tokenizer = tokenizers::Tokenizer::from_file(&tokenizer_path)
+        let mut tokenizer = tokenizers::Tokenizer::from_file(&tokenizer_path)
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", tokenizer_path.display())))?;
+        // A tokenizer.json may ask for truncation or padding (saved from a training setup):
+        // prompts are never silently cut, and ids are never padded.
+        tokenizer
+            .with_truncation(None)
+            .map_err(|e| Error::Tokenizer(format!("{}: {e}", tokenizer_path.display())))?;
+        tokenizer.with_padding(None);
+        let bound = TokenBound::of(&tokenizer);
         let tok_cfg = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
         let gen_cfg = read_json(&dir.join("generation_config.json"))?.unwrap_or(Value::Null);
 
@@ -175,6 +186,7 @@ impl Text {
             generation_defaults: GenerationDefaults::from_json(&gen_cfg),
             special_ids,
             token_bytes: OnceLock::new(),
+            bound,
         })
     }
 

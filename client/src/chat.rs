@@ -461,7 +461,7 @@ impl DaemonChat {
                 })
                 .collect(),
             options: Some(pb::GenerationOptions {
-                sampling: Some(self.sampling),
+                sampling: Some(self.sampling.clone()),
                 max_tokens: max_tokens.min(u32::MAX as usize) as u32,
                 stop: self.stop.clone(),
                 ..Default::default()

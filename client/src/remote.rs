@@ -82,6 +82,7 @@ pub fn sampling(s: &SamplingArgs) -> pb::SamplingParams {
         seed: Some(p.seed),
         frequency_penalty: Some(p.frequency_penalty),
         presence_penalty: Some(p.presence_penalty),
+        ..Default::default()
     }
 }
 

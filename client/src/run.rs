@@ -90,6 +90,7 @@ impl SamplingArgs {
             seed: self.seed.unwrap_or_else(random_seed),
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,
+            logit_bias: Vec::new(),
         }
     }
 }

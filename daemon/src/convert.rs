@@ -53,6 +53,11 @@ pub fn sampling(p: Option<&pb::SamplingParams>) -> SamplingParams {
         seed: p.seed.unwrap_or(d.seed),
         frequency_penalty: p.frequency_penalty.unwrap_or(d.frequency_penalty),
         presence_penalty: p.presence_penalty.unwrap_or(d.presence_penalty),
+        logit_bias: {
+            let mut b: Vec<(u32, f32)> = p.logit_bias.iter().map(|(&k, &v)| (k, v)).collect();
+            b.sort_by_key(|e| e.0);
+            b
+        },
     }
 }
 

@@ -111,6 +111,20 @@ impl Generation {
     /// context (a prompt that does not fit is an error, never truncated).
     pub fn new(model: &Model, cache: KvCache, req: GenerateRequest) -> Result<Generation> {
         req.sampling.validate()?;
+        if let Some(&(id, _)) = req
+            .sampling
+            .logit_bias
+            .iter()
+            .find(|(id, _)| *id as usize >= model.info.vocab_size)
+        {
+            return Err(Error::invalid(
+                "logit_bias",
+                format!(
+                    "token {id} is outside the vocabulary of {}",
+                    model.info.vocab_size
+                ),
+            ));
+        }
         if req.prompt.is_empty() && cache.is_empty() {
             return Err(Error::invalid("prompt", "is empty"));
         }
@@ -212,16 +226,17 @@ impl Generation {
             return Ok(StepEvent::default());
         };
         let p = &self.sampler.params;
-        let token = if self.constraint.is_some() || p.has_occurrence_penalties() {
+        let token = if self.constraint.is_some() || p.adjusts_logits() {
             self.scratch.clear();
             self.scratch.extend_from_slice(logits);
-            if p.has_occurrence_penalties() {
+            if p.adjusts_logits() {
                 sample::apply_occurrence_penalties(
                     &mut self.scratch,
                     &self.counts,
                     p.frequency_penalty,
                     p.presence_penalty,
                 );
+                sample::apply_logit_bias(&mut self.scratch, &p.logit_bias);
             }
             if let Some(c) = &mut self.constraint {
                 c.apply(&mut self.scratch)?;

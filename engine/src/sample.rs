@@ -29,6 +29,9 @@ pub struct SamplingParams {
     /// occurred. 0 = off; applied by [`crate::Generation`] before the processors above.
     pub frequency_penalty: f32,
     pub presence_penalty: f32,
+    /// OpenAI's logit_bias: (token, bias added to its logit), bias in [-100, 100]; applied
+    /// with the penalties above. A bias of -100 bans a token, 100 all but forces it.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -42,6 +45,7 @@ impl Default for SamplingParams {
             seed: 0,
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -89,12 +93,29 @@ impl SamplingParams {
                 ));
             }
         }
+        if self.logit_bias.len() > MAX_LOGIT_BIAS {
+            return Err(Error::invalid(
+                "logit_bias",
+                format!(
+                    "{} entries; at most {MAX_LOGIT_BIAS}",
+                    self.logit_bias.len()
+                ),
+            ));
+        }
+        for &(id, b) in &self.logit_bias {
+            if !(-100.0..=100.0).contains(&b) {
+                return Err(Error::invalid(
+                    "logit_bias",
+                    format!("the bias of token {id} must be in [-100, 100], got {b}"),
+                ));
+            }
+        }
         Ok(())
     }
 
-    /// Whether the OpenAI penalties change anything.
-    pub fn has_occurrence_penalties(&self) -> bool {
-        self.frequency_penalty != 0.0 || self.presence_penalty != 0.0
+    /// Whether the OpenAI penalties or a logit bias change anything.
+    pub fn adjusts_logits(&self) -> bool {
+        self.frequency_penalty != 0.0 || self.presence_penalty != 0.0 || !self.logit_bias.is_empty()
     }
 
     /// Whether sampling reduces to argmax.
@@ -309,6 +330,20 @@ pub fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], penalty: f3
             seen[i] = true;
             let x = logits[i];
             logits[i] = if x > 0.0 { x / penalty } else { x * penalty };
+        }
+    }
+}
+
+/// Most `logit_bias` entries one request may carry (OpenAI's limit is 300; a large vocabulary
+/// ban list is the reason to allow more).
+pub const MAX_LOGIT_BIAS: usize = 4096;
+
+/// OpenAI's logit_bias: each listed token's logit moves by its bias. Ids outside the row are
+/// ignored (callers check them against the vocabulary first).
+pub fn apply_logit_bias(logits: &mut [f32], bias: &[(u32, f32)]) {
+    for &(id, b) in bias {
+        if let Some(x) = logits.get_mut(id as usize) {
+            *x += b;
         }
     }
 }
@@ -791,8 +826,25 @@ mod tests {
             seed: 1,
             frequency_penalty: 0.5,
             presence_penalty: -2.0,
+            logit_bias: vec![(3, -100.0), (7, 100.0)],
         }
         .validate()
         .is_ok());
+        for bias in [vec![(1, 100.5)], vec![(1, f32::NAN)], vec![(0, 0.0); MAX_LOGIT_BIAS + 1]] {
+            assert_eq!(
+                field(SamplingParams {
+                    logit_bias: bias,
+                    ..d.clone()
+                }),
+                "logit_bias"
+            );
+        }
+    }
+
+    #[test]
+    fn logit_bias_moves_the_listed_logits_only() {
+        let mut logits = vec![1.0, 2.0, 3.0, 4.0];
+        apply_logit_bias(&mut logits, &[(0, 10.0), (3, -100.0), (99, 5.0)]);
+        assert_eq!(logits, vec![11.0, 2.0, 3.0, -96.0]);
     }
 }

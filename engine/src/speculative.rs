@@ -160,6 +160,9 @@ impl SpeculativeGeneration {
         if want > 0 {
             let why_not = if model.net.mtp.is_empty() {
                 Some("the model has no MTP layers")
+            } else if req.sampling.adjusts_logits() {
+                // Verification compares the draft with the model's plain distribution.
+                Some("frequency/presence penalties and logit_bias are not drafted")
             } else if !fresh {
                 Some("the sequence continues a cache the MTP layer has not seen")
             } else {

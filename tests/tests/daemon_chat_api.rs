@@ -439,7 +439,7 @@ async fn logprobs_and_penalties_follow_the_logits() {
         temperature: Some(0.0),
         ..Default::default()
     };
-    let run = generate(&mut c, req(true, 5, greedy)).await.unwrap();
+    let run = generate(&mut c, req(true, 5, greedy.clone())).await.unwrap();
     assert_eq!(run.logprobs.len(), 12);
     for ((lp, &id), logits) in run.logprobs.iter().zip(&run.ids).zip(&run.logits) {
         let want = log_softmax(logits);
@@ -461,7 +461,7 @@ async fn logprobs_and_penalties_follow_the_logits() {
     }
     // Too many alternatives, or alternatives without logprobs.
     for (lp, top) in [(true, 21), (false, 3)] {
-        let (code_, msg) = code(generate(&mut c, req(lp, top, greedy)).await);
+        let (code_, msg) = code(generate(&mut c, req(lp, top, greedy.clone())).await);
         assert_eq!(code_, Code::InvalidArgument);
         assert!(msg.contains("top_logprobs"), "{msg}");
     }

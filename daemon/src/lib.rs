@@ -16,10 +16,10 @@
 pub mod authority;
 pub mod convert;
 pub mod daemon;
-pub mod prefix;
 pub mod http;
 pub mod limits;
 pub mod memory;
+pub mod prefix;
 pub mod scheduler;
 pub mod server;
 pub mod service;

@@ -13,8 +13,8 @@
 //! (the last sampled token, or a prompt cut short by a cancel) are fed first next turn.
 
 use crate::convert::{self, now_unix_ms, status_from_engine};
-use crate::prefix::{Policy, PrefixCache};
 use crate::limits;
+use crate::prefix::{Policy, PrefixCache};
 use crate::snapshot::{self, SessionMeta, SnapshotError, SnapshotMessage};
 use crate::state::{self, StateDir};
 use colibri_engine::experts::StoreStats;

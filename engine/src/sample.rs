@@ -830,7 +830,11 @@ mod tests {
         }
         .validate()
         .is_ok());
-        for bias in [vec![(1, 100.5)], vec![(1, f32::NAN)], vec![(0, 0.0); MAX_LOGIT_BIAS + 1]] {
+        for bias in [
+            vec![(1, 100.5)],
+            vec![(1, f32::NAN)],
+            vec![(0, 0.0); MAX_LOGIT_BIAS + 1],
+        ] {
             assert_eq!(
                 field(SamplingParams {
                     logit_bias: bias,

@@ -439,7 +439,9 @@ async fn logprobs_and_penalties_follow_the_logits() {
         temperature: Some(0.0),
         ..Default::default()
     };
-    let run = generate(&mut c, req(true, 5, greedy.clone())).await.unwrap();
+    let run = generate(&mut c, req(true, 5, greedy.clone()))
+        .await
+        .unwrap();
     assert_eq!(run.logprobs.len(), 12);
     for ((lp, &id), logits) in run.logprobs.iter().zip(&run.ids).zip(&run.logits) {
         let want = log_softmax(logits);

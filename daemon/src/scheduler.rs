@@ -87,6 +87,9 @@ pub struct ScoreJob {
     pub reply: oneshot::Sender<Result<pb::ScoreResponse, Status>>,
 }
 
+// Jobs pass through a channel one at a time; most are generations, so boxing them would
+// only add an allocation.
+#[allow(clippy::large_enum_variant)]
 pub enum Job {
     Generate(GenJob),
     Score(ScoreJob),

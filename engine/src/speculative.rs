@@ -112,6 +112,8 @@ impl SpecStats {
 /// (`q(d) = 1`) in the acceptance test.
 pub type ExternalDrafter = Box<dyn FnMut(&[u32], usize) -> Vec<u32> + Send>;
 
+// One drafter per generation: boxing the MTP state would buy nothing.
+#[allow(clippy::large_enum_variant)]
 enum Drafter {
     Mtp(MtpState),
     External(ExternalDrafter),

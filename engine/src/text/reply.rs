@@ -629,10 +629,7 @@ impl CallParser {
             *name_done = true;
             self.name = Some(name);
         }
-        loop {
-            let Some(ks) = self.buf.find("<arg_key>") else {
-                break;
-            };
+        while let Some(ks) = self.buf.find("<arg_key>") {
             let Some(ke) = self.buf[ks..].find("</arg_key>").map(|i| i + ks) else {
                 break;
             };
@@ -733,12 +730,12 @@ impl CallParser {
                 }
                 self.args_done = true;
             }
-            ToolFormat::Qwen3 => {
-                // A call without arguments.
-                if !self.args_done && matches!(self.stage, Stage::Qwen(QwenState::Closed)) {
-                    self.args = "{}".into();
-                    self.args_done = true;
-                }
+            // A call without arguments.
+            ToolFormat::Qwen3
+                if !self.args_done && matches!(self.stage, Stage::Qwen(QwenState::Closed)) =>
+            {
+                self.args = "{}".into();
+                self.args_done = true;
             }
             _ => {}
         }

@@ -80,6 +80,9 @@ pub fn sampling(s: &SamplingArgs) -> pb::SamplingParams {
         min_p: Some(p.min_p),
         repetition_penalty: Some(p.repetition_penalty),
         seed: Some(p.seed),
+        frequency_penalty: Some(p.frequency_penalty),
+        presence_penalty: Some(p.presence_penalty),
+        ..Default::default()
     }
 }
 
@@ -120,11 +123,13 @@ fn chat_messages(system: Option<&str>, user: &str) -> Vec<pb::ChatMessage> {
         m.push(pb::ChatMessage {
             role: "system".into(),
             content: s.into(),
+            ..Default::default()
         });
     }
     m.push(pb::ChatMessage {
         role: "user".into(),
         content: user.into(),
+        ..Default::default()
     });
     m
 }
@@ -142,7 +147,8 @@ pub fn finish_reason(r: i32) -> &'static str {
 pub fn run_stats(s: &pb::GenerationStats, seed: u64) -> RunStats {
     let ttft = s.time_to_first_token_ms / 1000.0;
     RunStats {
-        prompt_tokens: s.prompt_tokens as usize,
+        // The whole prompt: what was prefilled plus what a cache supplied.
+        prompt_tokens: (s.prompt_tokens + s.cached_tokens) as usize,
         generated_tokens: s.generated_tokens as usize,
         load_s: None,
         prefill_s: ttft,

@@ -56,6 +56,24 @@ pub struct SamplingArgs {
         value_name = "R"
     )]
     pub repeat_penalty: f32,
+    /// Lower a token's logit by F per time it was generated already (OpenAI's
+    /// frequency_penalty, -2..2; 0 = off).
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        allow_negative_numbers = true,
+        value_name = "F"
+    )]
+    pub frequency_penalty: f32,
+    /// Lower a token's logit by P once it was generated (OpenAI's presence_penalty,
+    /// -2..2; 0 = off).
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        allow_negative_numbers = true,
+        value_name = "P"
+    )]
+    pub presence_penalty: f32,
     /// Random seed; the same seed gives the same tokens [default: random].
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
@@ -70,6 +88,9 @@ impl SamplingArgs {
             min_p: self.min_p,
             repetition_penalty: self.repeat_penalty,
             seed: self.seed.unwrap_or_else(random_seed),
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            logit_bias: Vec::new(),
         }
     }
 }

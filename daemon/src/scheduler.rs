@@ -14,11 +14,13 @@
 
 use crate::convert::{self, now_unix_ms, status_from_engine};
 use crate::limits;
+use crate::prefix::{Policy, PrefixCache};
 use crate::snapshot::{self, SessionMeta, SnapshotError, SnapshotMessage};
 use crate::state::{self, StateDir};
 use colibri_engine::experts::StoreStats;
 use colibri_engine::perplexity::{self, Perplexity};
-use colibri_engine::text::ChatMessage;
+use colibri_engine::structured::{Constraint, GrammarCompiler, OutputFormat};
+use colibri_engine::text::{ChatMessage, ToolCall, ToolChoice, ToolSpec};
 use colibri_engine::{
     DraftMode, FinishReason, GenerateRequest, Generation, KvCache, LogitsWanted, Model,
     SamplingParams, SeqStep, Speculator, StepEvent, StepPlan,
@@ -64,6 +66,23 @@ pub struct GenJob {
     pub draft: Option<usize>,
     pub events: EventSender,
     pub arrived: Instant,
+    pub extras: GenExtras,
+}
+
+/// The chat-API parts of a request: tools, template variables, logprobs, structured
+/// output. Default = none of them.
+#[derive(Clone, Debug, Default)]
+pub struct GenExtras {
+    /// Tools offered (Chat only).
+    pub tools: Vec<ToolSpec>,
+    pub tool_choice: ToolChoice,
+    /// Several calls allowed in one reply.
+    pub parallel_tool_calls: bool,
+    /// Extra chat-template variables (e.g. enable_thinking).
+    pub template_vars: serde_json::Map<String, serde_json::Value>,
+    /// Report logprobs with this many alternatives.
+    pub logprobs: Option<usize>,
+    pub response_format: Option<OutputFormat>,
 }
 
 pub struct ScoreJob {
@@ -81,6 +100,9 @@ pub struct PerplexityJob {
     pub events: PerplexitySender,
 }
 
+// Jobs pass through a channel one at a time; most are generations, so boxing them would
+// only add an allocation.
+#[allow(clippy::large_enum_variant)]
 pub enum Job {
     Generate(GenJob),
     Score(ScoreJob),
@@ -118,6 +140,9 @@ pub struct EngineConfig {
     pub solo_prefill_chunk: usize,
     /// A session idle this long is snapshotted to disk.
     pub session_save_after: Duration,
+    /// Bytes of KV the prefix cache may keep (0 = off), and its eviction order.
+    pub prefix_cache_bytes: usize,
+    pub prefix_cache_policy: Policy,
 }
 
 /// What the engine thread publishes for Status/ListSessions after every iteration, so the
@@ -133,6 +158,10 @@ pub struct Published {
     pub tokens_prefilled: u64,
     /// Seconds spent in `Model::forward` since load.
     pub forward_seconds: f64,
+    /// The prefix cache: bytes held, entries, prompt tokens it saved from prefill.
+    pub prefix_cache_bytes: u64,
+    pub prefix_cache_entries: u32,
+    pub prefix_cache_reused_tokens: u64,
     /// Since when nothing has run (None while busy).
     pub idle_since: Option<Instant>,
 }
@@ -196,6 +225,7 @@ struct GenRow {
     /// The whole conversation for a Chat request (the session's messages plus this turn's).
     chat: Option<Vec<ChatMessage>>,
     reply_text: String,
+    reasoning_text: String,
     prompt_tokens: usize,
     cached_tokens: usize,
     arrived: Instant,
@@ -247,11 +277,12 @@ enum Row {
 }
 
 impl Row {
-    fn cache_mut(&mut self) -> &mut KvCache {
+    /// The row's cache, and its grammar when it has one.
+    fn cache_and_constraint(&mut self) -> (&mut KvCache, Option<&mut Constraint>) {
         match self {
-            Row::Gen(g) => &mut g.gen.cache,
-            Row::Score(s) => &mut s.cache,
-            Row::Perplexity(p) => &mut p.cache,
+            Row::Gen(g) => g.gen.cache_and_constraint(),
+            Row::Score(s) => (&mut s.cache, None),
+            Row::Perplexity(p) => (&mut p.cache, None),
         }
     }
     fn is_decode(&self) -> bool {
@@ -293,6 +324,12 @@ pub struct Engine {
     /// Time spent in `Model::forward`.
     forward_time: Duration,
     idle_since: Option<Instant>,
+    /// KV of finished requests, reused by later ones with the same prefix.
+    prefix: PrefixCache<KvCache>,
+    /// Structured output's grammar compiler (indexes the vocabulary once, on first use).
+    grammar: Option<Result<Arc<GrammarCompiler>, String>>,
+    /// Tool call ids: per-engine counter.
+    calls_made: u64,
     /// When busy stepping, the last look for idle sessions to snapshot.
     last_save_look: Instant,
     /// Test hook (`COLIBRI_STEP_PAUSE_MS`): a pause after every step, so that a browser
@@ -318,7 +355,6 @@ impl Engine {
             rx,
             shared,
             state,
-            cfg,
             sessions: HashMap::new(),
             active: Vec::new(),
             waiting: VecDeque::new(),
@@ -327,11 +363,15 @@ impl Engine {
             tokens_prefilled: 0,
             forward_time: Duration::ZERO,
             idle_since: Some(Instant::now()),
+            prefix: PrefixCache::new(cfg.prefix_cache_bytes, cfg.prefix_cache_policy),
+            grammar: None,
+            calls_made: 0,
             last_save_look: Instant::now(),
             step_pause: std::env::var("COLIBRI_STEP_PAUSE_MS")
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .map(Duration::from_millis),
+            cfg,
         }
     }
 
@@ -572,6 +612,7 @@ impl Engine {
                             .map(|m| ChatMessage {
                                 role: m.role,
                                 content: m.content,
+                                ..Default::default()
                             })
                             .collect(),
                         created_ms: meta.created_unix_ms,
@@ -623,12 +664,81 @@ impl Engine {
                 ))
             })
         };
+        let x = &job.extras;
+        let chat_input = matches!(job.input, GenInput::Chat(_));
+        if !chat_input && !x.tools.is_empty() {
+            return Err(convert::invalid("tools", "are only for Chat requests"));
+        }
+        // Tools the model is shown (tool_choice none: not offered) and a forced call.
+        let offered: &[ToolSpec] = if x.tool_choice == ToolChoice::None {
+            &[]
+        } else {
+            &x.tools
+        };
+        let forced = match &x.tool_choice {
+            ToolChoice::Required | ToolChoice::Named(_) if x.tools.is_empty() => {
+                return Err(convert::invalid(
+                    "tool_choice",
+                    "requires a call but no tools were given",
+                ))
+            }
+            ToolChoice::Named(n) => {
+                let t = x.tools.iter().find(|t| &t.name == n).ok_or_else(|| {
+                    convert::invalid("tool_choice.name", format!("no tool named '{n}'"))
+                })?;
+                Some(vec![t.clone()])
+            }
+            ToolChoice::Required => Some(x.tools.clone()),
+            _ => None,
+        };
+        if forced.is_some() && x.response_format.is_some() {
+            return Err(convert::invalid(
+                "response_format",
+                "cannot be combined with a required or named tool_choice",
+            ));
+        }
+        if !offered.is_empty() {
+            let t = text()?;
+            if t.tool_format().is_none() {
+                return Err(convert::invalid(
+                    "tools",
+                    format!(
+                        "model {model_id} (model_type {}) has no tool-call syntax in its chat template, so it cannot be given tools",
+                        self.model.info.model_type
+                    ),
+                ));
+            }
+        }
+        let constrained = forced.is_some() || x.response_format.is_some();
+        // A chat prompt: rendered with the tools and variables; with a constraint, an open
+        // think block is closed first (the grammar covers the answer).
+        let render = |msgs: &[ChatMessage]| -> Result<(Vec<u32>, String), Status> {
+            if msgs.is_empty() {
+                return Err(convert::invalid("messages", "is empty"));
+            }
+            let t = text()?;
+            let mut rendered = t
+                .render_chat_with(msgs, true, offered, &x.template_vars)
+                .map_err(|e| status_from_engine(&e))?;
+            if constrained
+                && t.has_think_tags()
+                && colibri_engine::text::prompt_opens_think(&rendered)
+            {
+                rendered.push_str("</think>\n\n");
+            }
+            // The template wrote the special tokens itself.
+            let ids = limits::encode_text(t, &rendered, false, max_context, "messages")?;
+            Ok((ids, rendered))
+        };
+        let mut rendered_prompt = None;
         // Automatic drafting only for greedy decoding: with sampling, speculation keeps the
         // distribution but its acceptance is lower (as `coli run --local` does).
         let mode = match job.draft {
             Some(0) => DraftMode::Off,
             Some(n) => DraftMode::Tokens(n),
             None if job.sampling.temperature > 0.0 => DraftMode::Off,
+            // Logprobs are reported per sampled token, from that token's own logits row.
+            None if job.extras.logprobs.is_some() => DraftMode::Off,
             None => DraftMode::Auto,
         };
         let mut mtp = None;
@@ -647,14 +757,20 @@ impl Engine {
                         "prompt",
                     )?,
                     GenInput::Chat(msgs) => {
-                        limits::encode_chat(text()?, msgs, max_context, "messages")?.0
+                        let (ids, r) = render(msgs)?;
+                        rendered_prompt = Some(r);
+                        ids
                     }
                 };
                 let chat = match &job.input {
                     GenInput::Chat(m) => Some(m.clone()),
                     _ => None,
                 };
-                (self.model.new_cache(), 0, feed, chat)
+                // The longest prefix an earlier request left in the prefix cache.
+                match self.prefix.lookup(&feed) {
+                    Some((cache, n)) => (cache, n, feed, chat),
+                    None => (self.model.new_cache(), 0, feed, chat),
+                }
             }
             Some(sid) => {
                 let (s, _) = self.session(sid)?;
@@ -666,7 +782,7 @@ impl Engine {
                 let mut cache = s.cache.take().expect("an idle session holds its cache");
                 mtp = s.mtp.take().filter(|_| mode != DraftMode::Off);
                 let result = (|| match &job.input {
-                    GenInput::Ids(v) => Ok((cache.len, [&s.tokens[..], v].concat(), None)),
+                    GenInput::Ids(v) => Ok((cache.len, [&s.tokens[..], v].concat(), None, None)),
                     GenInput::Text {
                         text: t,
                         add_special,
@@ -679,11 +795,11 @@ impl Engine {
                             room,
                             "prompt",
                         )?;
-                        Ok((cache.len, [&s.tokens[..], &ids].concat(), None))
+                        Ok((cache.len, [&s.tokens[..], &ids].concat(), None, None))
                     }
                     GenInput::Chat(new) => {
                         let all: Vec<ChatMessage> = s.messages.iter().chain(new).cloned().collect();
-                        let (ids, _) = limits::encode_chat(text()?, &all, max_context, "messages")?;
+                        let (ids, r) = render(&all)?;
                         // Reuse the cached prefix the re-rendered conversation shares with
                         // the history; at least one token must be fed to get logits.
                         let agree = s
@@ -701,12 +817,13 @@ impl Engine {
                             m.truncate(common);
                         }
                         cache.truncate(common);
-                        Ok((common, ids, Some(all)))
+                        Ok((common, ids, Some(all), Some(r)))
                     }
                 })();
                 match result {
-                    Ok((base_len, full, chat)) => {
+                    Ok((base_len, full, chat, r)) => {
                         s.cached_len = cache.len;
+                        rendered_prompt = r;
                         (cache, base_len, full, chat)
                     }
                     Err(e) => {
@@ -725,6 +842,19 @@ impl Engine {
                 "is empty (and the session has no pending token to continue from)",
             ));
         }
+        // How the reply is split (chat only): reasoning, tool calls with fresh ids.
+        let reply = match (&rendered_prompt, &model.text) {
+            (Some(r), Some(t)) => {
+                self.calls_made += 1;
+                let prefix = format!(
+                    "call_{:x}{:04x}_",
+                    now_unix_ms() & 0xffff_ffff,
+                    self.calls_made & 0xffff
+                );
+                t.reply_config(r, offered, &prefix)
+            }
+            _ => Default::default(),
+        };
         let mut max_tokens = job.max_tokens;
         if job.clamp_max_tokens {
             let room = self
@@ -754,14 +884,46 @@ impl Engine {
             sampling: job.sampling.clone(),
             stop_strings: job.stop.clone(),
             ignore_eos: job.ignore_eos,
+            logprobs: x.logprobs,
+            reply,
         };
-        let gen = match checked_generation(&self.model, cache, req) {
+        let format = match (&forced, &x.response_format) {
+            (Some(tools), _) => Some(OutputFormat::ToolCalls {
+                format: model
+                    .text
+                    .as_ref()
+                    .and_then(|t| t.tool_format())
+                    .expect("checked with the tools above"),
+                tools: tools.clone(),
+                parallel: x.parallel_tool_calls,
+            }),
+            (None, Some(f)) => Some(f.clone()),
+            _ => None,
+        };
+        let constraint = match format {
+            None => None,
+            Some(f) => match self.grammar().and_then(|g| {
+                g.constraint(text()?, &f)
+                    .map_err(|e| status_from_engine(&e))
+            }) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    self.give_back(&job.session_id, cache, mtp);
+                    return Err(e);
+                }
+            },
+        };
+        let mut gen = match checked_generation(&self.model, cache, req) {
             Ok(g) => g,
             Err((e, cache)) => {
                 self.give_back(&job.session_id, cache, mtp);
                 return Err(status_from_engine(&e));
             }
         };
+        // The constraint first: a constrained generation is not drafted.
+        if let Some(c) = constraint {
+            gen.set_constraint(c);
+        }
         let spec = match Speculator::new(&self.model, &gen, &job.sampling, mode, mtp) {
             Ok(s) => s,
             Err(e) => {
@@ -796,11 +958,40 @@ impl Engine {
             return_logits: job.return_logits,
             chat,
             reply_text: String::new(),
+            reasoning_text: String::new(),
             arrived: job.arrived,
             admitted: None,
             first_token: None,
             cache_at_admission: None,
         })
+    }
+
+    /// The grammar compiler, built on first use (it indexes the whole vocabulary).
+    fn grammar(&mut self) -> Result<Arc<GrammarCompiler>, Status> {
+        if self.grammar.is_none() {
+            let t = Instant::now();
+            let r = match &self.model.text {
+                None => Err("the model has no tokenizer.json".to_string()),
+                Some(text) => {
+                    GrammarCompiler::new(text, self.model.info.vocab_size, &self.model.info.eos_ids)
+                        .map(Arc::new)
+                        .map_err(|e| e.to_string())
+                }
+            };
+            tracing::info!(
+                "model {}: structured output ready in {:.0} ms",
+                self.id,
+                t.elapsed().as_secs_f64() * 1e3
+            );
+            self.grammar = Some(r);
+        }
+        match self.grammar.as_ref().expect("set above") {
+            Ok(g) => Ok(Arc::clone(g)),
+            Err(e) => Err(Status::failed_precondition(format!(
+                "structured output is not available for model {}: {e}",
+                self.id
+            ))),
+        }
     }
 
     fn give_back(&mut self, session: &Option<String>, cache: KvCache, mtp: Option<KvCache>) {
@@ -908,7 +1099,13 @@ impl Engine {
                     let (s, e, want) = perplexity::next_chunk(p.ctx, p.fed, chunk, scored)
                         .expect("a finished window is moved on right after its last chunk");
                     let base = p.window * p.ctx;
-                    picked.push((i, p.ids[base + s..base + e].to_vec(), want));
+                    picked.push(Picked {
+                        i,
+                        tokens: p.ids[base + s..base + e].to_vec(),
+                        logits: want,
+                        hidden: LogitsWanted::None,
+                        plan: None,
+                    });
                 }
                 _ => {}
             }
@@ -928,12 +1125,19 @@ impl Engine {
         let t = Instant::now();
         let result = {
             let mut steps = Vec::with_capacity(picked.len());
+            // Grammars of rows that sample this step: their masks are computed while the
+            // forward pass runs (they depend only on the tokens sampled so far).
+            let mut grammars = Vec::new();
             let mut want = picked.iter().peekable();
             for (i, row) in self.active.iter_mut().enumerate() {
                 if let Some(p) = want.peek() {
                     if p.i == i {
+                        let (cache, c) = row.cache_and_constraint();
+                        if p.logits != LogitsWanted::None {
+                            grammars.extend(c);
+                        }
                         steps.push(SeqStep {
-                            cache: row.cache_mut(),
+                            cache,
                             tokens: &p.tokens,
                             logits: p.logits,
                         });
@@ -944,13 +1148,23 @@ impl Engine {
             let hidden: Vec<LogitsWanted> = picked.iter().map(|p| p.hidden).collect();
             // A bug in a kernel must not take the daemon down: the rows of this batch fail,
             // everyone else carries on.
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                if with_hidden {
-                    model.forward_with_hidden(&mut steps, &hidden)
-                } else {
-                    model.forward(&mut steps).map(|out| (out, Vec::new()))
+            std::thread::scope(|s| {
+                if !grammars.is_empty() {
+                    // A failed mask is reported again (and fails its row) when applied.
+                    s.spawn(move || {
+                        for c in grammars {
+                            let _ = c.prepare_mask();
+                        }
+                    });
                 }
-            }))
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    if with_hidden {
+                        model.forward_with_hidden(&mut steps, &hidden)
+                    } else {
+                        model.forward(&mut steps).map(|out| (out, Vec::new()))
+                    }
+                }))
+            })
         };
         let seconds = t.elapsed();
         self.forward_time += seconds;
@@ -1000,14 +1214,42 @@ impl Engine {
                                 self.tokens_generated += ids.len() as u64;
                                 g.first_token.get_or_insert_with(Instant::now);
                                 let text: String = events.iter().map(|e| e.text.as_str()).collect();
+                                let reasoning: String =
+                                    events.iter().map(|e| e.reasoning.as_str()).collect();
                                 g.reply_text.push_str(&text);
+                                g.reasoning_text.push_str(&reasoning);
                                 let logits = if g.return_logits {
                                     logits[..(ids.len() * vocab).min(logits.len())].to_vec()
                                 } else {
                                     Vec::new()
                                 };
+                                let logprobs = match &model.text {
+                                    Some(t) => events
+                                        .iter()
+                                        .filter_map(|e| e.logprob.as_ref())
+                                        .map(|lp| convert::token_logprob(t, lp))
+                                        .collect(),
+                                    None => Vec::new(),
+                                };
+                                let tool_calls = events
+                                    .iter_mut()
+                                    .flat_map(|e| std::mem::take(&mut e.tool_calls))
+                                    .map(|d| pb::ToolCallDelta {
+                                        index: d.index as u32,
+                                        id: d.id,
+                                        name: d.name,
+                                        arguments: d.arguments,
+                                    })
+                                    .collect();
                                 let msg = pb::GenerateEvent {
-                                    event: Some(Event::Tokens(Tokens { ids, text, logits })),
+                                    event: Some(Event::Tokens(Tokens {
+                                        ids,
+                                        text,
+                                        logits,
+                                        logprobs,
+                                        reasoning,
+                                        tool_calls,
+                                    })),
                                 };
                                 if g.events.send(Ok(msg)).is_err() {
                                     g.gen.cancel();
@@ -1031,28 +1273,28 @@ impl Engine {
                         Outcome::Continue
                     }
                 }
-                Row::Perplexity(p) => {
-                    let base = p.window * p.ctx;
-                    if *want == LogitsWanted::All {
-                        let window = &p.ids[base..base + p.ctx];
+                Row::Perplexity(w) => {
+                    let base = w.window * w.ctx;
+                    if p.logits == LogitsWanted::All {
+                        let window = &w.ids[base..base + w.ctx];
                         let vocab = model.info.vocab_size;
-                        p.acc.score_rows(window, p.fed, vocab, &logits, None);
+                        w.acc.score_rows(window, w.fed, vocab, &logits, None);
                     }
-                    p.fed += tokens.len();
-                    self.tokens_prefilled += tokens.len() as u64;
-                    if perplexity::next_chunk(p.ctx, p.fed, 1, 1).is_some() {
+                    w.fed += p.tokens.len();
+                    self.tokens_prefilled += p.tokens.len() as u64;
+                    if perplexity::next_chunk(w.ctx, w.fed, 1, 1).is_some() {
                         Outcome::Continue
                     } else {
                         // The window is done: the next one starts from an empty cache.
-                        p.acc.windows += 1;
-                        p.window += 1;
-                        p.fed = 0;
-                        p.cache.truncate(0);
-                        if p.window == p.windows {
+                        w.acc.windows += 1;
+                        w.window += 1;
+                        w.fed = 0;
+                        w.cache.truncate(0);
+                        if w.window == w.windows {
                             Outcome::Finished(FinishReason::Length)
                         } else {
                             // A client that went away is dropped before the next step.
-                            let _ = p.events.send(Ok(p.progress(false)));
+                            let _ = w.events.send(Ok(w.progress(false)));
                             Outcome::Continue
                         }
                     }
@@ -1176,16 +1418,41 @@ impl Engine {
                             }
                         }),
                     };
+                    let summary = g.gen.reply_summary().cloned().unwrap_or_default();
+                    let mut reason = convert::finish_reason(reason);
+                    if reason == pb::FinishReason::Eos && !summary.tool_calls.is_empty() {
+                        reason = pb::FinishReason::ToolCalls;
+                    }
                     let _ = g.events.send(Ok(pb::GenerateEvent {
                         event: Some(Event::Finished(Finished {
-                            reason: convert::finish_reason(reason) as i32,
+                            reason: reason as i32,
                             stats: Some(stats),
                             session_id: g.session.clone().unwrap_or_default(),
+                            tool_calls: convert::pb_tool_calls(&summary.tool_calls),
+                            tool_call_incomplete: summary.incomplete_call,
                             stop_sequence: g.gen.matched_stop().unwrap_or_default().to_string(),
                         })),
                     }));
                 }
-                let Some(sid) = g.session else { return };
+                let tool_calls: Vec<ToolCall> = g
+                    .gen
+                    .reply_summary()
+                    .map(|s| s.tool_calls.clone())
+                    .unwrap_or_default();
+                let Some(sid) = g.session else {
+                    // Keep the KV for later requests with the same prefix (not a failed
+                    // step's: its cache may hold half-written positions).
+                    if reason.is_some() && self.cfg.prefix_cache_bytes > 0 {
+                        let cache = g.gen.into_cache();
+                        let mut tokens = g.full;
+                        tokens.extend_from_slice(&generated);
+                        if cache.len <= tokens.len() {
+                            tokens.truncate(cache.len);
+                            self.prefix.insert(tokens, cache);
+                        }
+                    }
+                    return;
+                };
                 let Some(s) = self.sessions.get_mut(&sid) else {
                     return;
                 };
@@ -1207,6 +1474,10 @@ impl Engine {
                     msgs.push(ChatMessage {
                         role: "assistant".into(),
                         content: g.reply_text,
+                        tool_calls,
+                        reasoning_content: (!g.reasoning_text.is_empty())
+                            .then_some(g.reasoning_text),
+                        ..Default::default()
                     });
                     s.messages = msgs;
                 }
@@ -1340,6 +1611,8 @@ impl Engine {
                 session_info(&self.id, s)
             })
             .collect();
+        // The prefix cache's KV is idle KV too.
+        idle_kv += self.prefix.bytes() as u64;
         kv += idle_kv;
         // Idle sessions' caches stay in RAM: a streamed model's expert cache makes room for
         // them (the stepped ones are reported by each forward pass).
@@ -1357,6 +1630,9 @@ impl Engine {
             tokens_prefilled: self.tokens_prefilled,
             forward_seconds: self.forward_time.as_secs_f64(),
             idle_since: self.idle_since,
+            prefix_cache_bytes: self.prefix.bytes() as u64,
+            prefix_cache_entries: self.prefix.len() as u32,
+            prefix_cache_reused_tokens: self.prefix.stats.reused_tokens,
         };
         *self.shared.published.lock().expect("published lock") = p;
     }

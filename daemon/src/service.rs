@@ -86,13 +86,15 @@ impl Service {
         session_id: String,
         input: GenInput,
         options: Option<pb::GenerationOptions>,
+        chat: Option<&pb::ChatRequest>,
     ) -> Result<Response<BoxStream<pb::GenerateEvent>>, Status> {
         let arrived = Instant::now();
+        let o = options.unwrap_or_default();
+        let extras = convert::gen_extras(&o, chat)?;
         let h = self.model_for(model, &session_id).await?;
         if let GenInput::Text { text, .. } = &input {
             limits::check_prompt_bytes(&h.model, text.len(), "prompt")?;
         }
-        let o = options.unwrap_or_default();
         if o.request_id.len() > 128 {
             return Err(convert::invalid(
                 "options.request_id",
@@ -118,6 +120,7 @@ impl Service {
             draft: o.draft_tokens.map(|n| n as usize),
             events: tx,
             arrived,
+            extras,
         };
         let admission = h.admit()?;
         h.send_admitted(admission, Job::Generate(job))?;
@@ -289,7 +292,7 @@ impl Colibri for Service {
                 add_special: req.add_special_tokens,
             }
         };
-        self.start_generation(&req.model, req.session_id, input, req.options)
+        self.start_generation(&req.model, req.session_id, input, req.options, None)
             .await
     }
 
@@ -307,8 +310,14 @@ impl Colibri for Service {
             return Err(convert::invalid(&format!("messages[{i}].role"), "is empty"));
         }
         let input = GenInput::Chat(convert::chat_messages(&req.messages));
-        self.start_generation(&req.model, req.session_id, input, req.options)
-            .await
+        self.start_generation(
+            &req.model,
+            req.session_id.clone(),
+            input,
+            req.options.clone(),
+            Some(&req),
+        )
+        .await
     }
 
     async fn tokenize(

@@ -27,6 +27,7 @@ pub mod perplexity;
 pub mod quant;
 pub mod sample;
 pub mod speculative;
+pub mod structured;
 pub mod synth;
 pub mod tensor;
 pub mod text;

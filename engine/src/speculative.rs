@@ -125,6 +125,8 @@ impl SpecStats {
 /// (`q(d) = 1`) in the acceptance test.
 pub type ExternalDrafter = Box<dyn FnMut(&[u32], usize) -> Vec<u32> + Send>;
 
+// One drafter per generation: boxing the MTP state would buy nothing.
+#[allow(clippy::large_enum_variant)]
 enum Drafter {
     Mtp(MtpState),
     External(ExternalDrafter),
@@ -211,6 +213,12 @@ impl Speculator {
         if want > 0 {
             let cache = if model.net.mtp.is_empty() {
                 Err("the model has no MTP layers")
+            } else if sampling.adjusts_logits() {
+                // Verification compares the draft with the model's plain distribution.
+                Err("frequency/presence penalties and logit_bias are not drafted")
+            } else if gen.is_constrained() {
+                // A grammar masks each token after the one before it was sampled.
+                Err("structured output and forced tool calls are not drafted")
             } else if base == 0 {
                 Ok(model.net.new_mtp_cache(0))
             } else {

@@ -766,8 +766,11 @@ impl Engine {
                     GenInput::Chat(m) => Some(m.clone()),
                     _ => None,
                 };
-                // The longest prefix an earlier request left in the prefix cache.
-                match self.prefix.lookup(&feed) {
+                // The longest prefix an earlier request left in the prefix cache. Not when
+                // the request will draft with the MTP layers: the prefix cache keeps no MTP
+                // cache, and drafting saves more per token than the prefill it would skip.
+                let drafts = mode != DraftMode::Off && !self.model.net.mtp.is_empty();
+                match (!drafts).then(|| self.prefix.lookup(&feed)).flatten() {
                     Some((cache, n)) => (cache, n, feed, chat),
                     None => (self.model.new_cache(), 0, feed, chat),
                 }

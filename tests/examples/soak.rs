@@ -855,8 +855,22 @@ async fn check_one_witness(
     ))
 }
 
+/// The prefix cache is memory kept on purpose (KV of finished requests, up to its budget;
+/// 1 GiB per model by default). The soak caps it at 16 MiB so that the "RSS returns"
+/// check, 64 MiB, measures what is left over rather than that bounded cache.
+const SOAK_PREFIX_CACHE_MIB: &str = "16";
+
 fn start_daemon(socket: &Path, state: &Path) -> Daemon {
-    Daemon::start(socket, state, &["--session-save-after", "1"])
+    Daemon::start(
+        socket,
+        state,
+        &[
+            "--session-save-after",
+            "1",
+            "--prefix-cache",
+            SOAK_PREFIX_CACHE_MIB,
+        ],
+    )
 }
 
 pub fn run(opts: &Opts) -> Report {

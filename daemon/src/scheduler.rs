@@ -767,9 +767,10 @@ impl Engine {
                     _ => None,
                 };
                 // The longest prefix an earlier request left in the prefix cache. Not when
-                // the request will draft with the MTP layers: the prefix cache keeps no MTP
-                // cache, and drafting saves more per token than the prefill it would skip.
-                let drafts = mode != DraftMode::Off && !self.model.net.mtp.is_empty();
+                // the request asks for MTP drafts: the prefix cache keeps no MTP cache, and a
+                // continued cache cannot be drafted for. Automatic drafting takes the prefix
+                // (the skipped prefill is worth more) and decodes without drafts.
+                let drafts = matches!(mode, DraftMode::Tokens(_)) && !self.model.net.mtp.is_empty();
                 match (!drafts).then(|| self.prefix.lookup(&feed)).flatten() {
                     Some((cache, n)) => (cache, n, feed, chat),
                     None => (self.model.new_cache(), 0, feed, chat),

@@ -88,7 +88,9 @@ async fn daemon_drafts_with_mtp_and_greedy_output_is_unchanged() {
     let d = Daemon::start(
         &dir.path().join("run").join("c.sock"),
         &dir.path().join("state"),
-        &["--http", "127.0.0.1:0"],
+        // No prefix cache: the same prompt is asked for several times, and a prefix hit
+        // turns automatic drafting off (the prefix cache keeps no MTP cache).
+        &["--http", "127.0.0.1:0", "--prefix-cache", "0"],
     );
     let mut c = d.client().await;
     for family in MTP_FAMILIES {

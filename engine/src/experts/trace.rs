@@ -133,6 +133,39 @@ impl Trace {
         t
     }
 
+    /// The trace as a store running prompts in chunks of at most `rows` rows sees it: a
+    /// step with more rows is split, in order, into steps of `rows` (the last one shorter).
+    pub fn chunked(&self, rows: usize) -> Trace {
+        let rows = rows.max(1);
+        let mut t = Trace {
+            steps: Vec::with_capacity(self.steps.len()),
+            ..self.clone()
+        };
+        for s in &self.steps {
+            if s.rows <= rows {
+                t.steps.push(s.clone());
+                continue;
+            }
+            for start in (0..s.rows).step_by(rows) {
+                let end = (start + rows).min(s.rows);
+                let cut = |v: &Vec<Vec<f32>>| v.get(start..end).map_or(Vec::new(), <[_]>::to_vec);
+                t.steps.push(TraceStep {
+                    rows: end - start,
+                    layers: s
+                        .layers
+                        .iter()
+                        .map(|l| LayerRoutes {
+                            layer: l.layer,
+                            experts: l.experts[start..end].to_vec(),
+                            weights: cut(&l.weights),
+                        })
+                        .collect(),
+                });
+            }
+        }
+        t
+    }
+
     /// Checks every index against the declared shape.
     pub fn validate(&self, src: &Path) -> Result<()> {
         let bad = |msg: String| Error::CorruptFile {
@@ -483,6 +516,13 @@ mod tests {
         assert_eq!(h.get(Key::new(1, 0)), 1);
         assert_eq!(h.total(), 3 + 2 + 2);
         assert_eq!(t.head(2).steps.len(), 1);
+        let c = t.chunked(1);
+        assert_eq!(c.steps.len(), 3);
+        assert_eq!(c.tokens(), 3);
+        assert_eq!(c.steps[1].layers[0].experts, vec![vec![1, 2]]);
+        assert_eq!(c.steps[1].layers[0].weights, vec![vec![0.5, 0.5]]);
+        c.validate(Path::new("chunked")).unwrap();
+        assert_eq!(t.chunked(512), t);
         assert_eq!(t.head(3).steps.len(), 2);
     }
 

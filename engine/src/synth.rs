@@ -68,6 +68,77 @@ pub struct SynthOptions {
     /// Override the number of layers (smaller models for quick checks).
     pub layers: Option<usize>,
     pub seed: u64,
+    /// The expert topology of a routing trace instead of `like`'s (`coli synth
+    /// --like-trace`): [`config_for_topology`].
+    pub topology: Option<Topology>,
+}
+
+/// Layers × experts, top-k and the size of one expert: what a routing trace needs of a model
+/// to be replayed on it (`coli trace --replay-routing`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Topology {
+    pub layers: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    /// Bytes of one routed expert in the traced model (the synth model's experts are sized
+    /// to about this many bytes in their own format).
+    pub expert_bytes: u64,
+}
+
+impl Topology {
+    pub fn of_trace(t: &crate::experts::Trace) -> Topology {
+        Topology {
+            layers: t.n_layers,
+            experts: t.n_experts,
+            top_k: t.top_k,
+            expert_bytes: t.expert_bytes,
+        }
+    }
+}
+
+/// A configuration with `t`'s expert topology: a known architecture with the same layers ×
+/// experts (Qwen3-30B-A3B for its own trace) with the trace's top-k, else Qwen3-MoE's
+/// layout with the trace's layers, experts and top-k and each expert's intermediate size
+/// chosen so that one expert in `experts` format is about the trace's `expert_bytes`.
+/// Returns the configuration and the known architecture it was based on, if any.
+pub fn config_for_topology(
+    t: &Topology,
+    experts: WeightFormat,
+) -> Result<(serde_json::Value, Option<&'static str>)> {
+    if t.layers == 0 || t.experts == 0 || t.top_k == 0 || t.top_k > t.experts {
+        return Err(Error::invalid(
+            "like-trace",
+            format!(
+                "{} layers x {} experts, top-{} is no MoE model",
+                t.layers, t.experts, t.top_k
+            ),
+        ));
+    }
+    for like in known_models() {
+        let mut cfg = config_for(like)?;
+        let e = cfg["num_experts"]
+            .as_u64()
+            .or(cfg["num_local_experts"].as_u64());
+        if cfg["num_hidden_layers"].as_u64() == Some(t.layers as u64) && e == Some(t.experts as u64)
+        {
+            cfg["num_experts_per_tok"] = json!(t.top_k);
+            return Ok((cfg, Some(like)));
+        }
+    }
+    let mut cfg = config_for("qwen3-30b-a3b")?;
+    let hidden = cfg["hidden_size"].as_u64().unwrap_or(2048) as usize;
+    // Bytes per parameter of the expert format, scales included.
+    let per_param = (experts.row_bytes(hidden)
+        + experts.groups_per_row(hidden) * experts.scale_type().map_or(0, |s| s.size()))
+        as f64
+        / hidden as f64;
+    let inter =
+        (t.expert_bytes as f64 / (3.0 * hidden as f64 * per_param) / 128.0).round() as usize * 128;
+    cfg["num_hidden_layers"] = json!(t.layers);
+    cfg["num_experts"] = json!(t.experts);
+    cfg["num_experts_per_tok"] = json!(t.top_k);
+    cfg["moe_intermediate_size"] = json!(inter.max(128));
+    Ok((cfg, None))
 }
 
 #[derive(Clone, Copy)]
@@ -274,7 +345,10 @@ fn is_branch_output(name: &str) -> bool {
 
 /// Writes the synthetic model; returns its size in bytes.
 pub fn synth(opts: &SynthOptions, progress: &dyn Progress) -> Result<u64> {
-    let mut cfg = config_for(&opts.like)?;
+    let mut cfg = match &opts.topology {
+        Some(t) => config_for_topology(t, opts.experts)?.0,
+        None => config_for(&opts.like)?,
+    };
     if let Some(n) = opts.layers {
         if n == 0 {
             return Err(Error::invalid("layers", "must be at least 1"));
@@ -367,4 +441,54 @@ pub fn synth(opts: &SynthOptions, progress: &dyn Progress) -> Result<u64> {
         &serde_json::to_vec_pretty(&cfg).expect("json"),
     )?;
     Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_traces_topology_picks_a_known_shape_or_sizes_its_experts() {
+        let int4 = WeightFormat::I4 {
+            group: 64,
+            scale: ScaleType::F16,
+        };
+        // Qwen3-30B-A3B's own trace (run with 6 experts per token): its architecture.
+        let qwen = Topology {
+            layers: 48,
+            experts: 128,
+            top_k: 6,
+            expert_bytes: 3_059_712,
+        };
+        let (cfg, base) = config_for_topology(&qwen, int4).unwrap();
+        assert_eq!(base, Some("qwen3-30b-a3b"));
+        assert_eq!(cfg["num_experts_per_tok"], 6);
+        assert_eq!(cfg["moe_intermediate_size"], 768);
+        // granite's shape is no known one: Qwen3's layout, experts sized to ~3 MiB.
+        let granite = Topology {
+            layers: 24,
+            experts: 32,
+            top_k: 8,
+            expert_bytes: 3 << 20,
+        };
+        let (cfg, base) = config_for_topology(&granite, int4).unwrap();
+        assert_eq!(base, None);
+        assert_eq!(
+            (
+                cfg["num_hidden_layers"].as_u64(),
+                cfg["num_experts"].as_u64()
+            ),
+            (Some(24), Some(32))
+        );
+        assert_eq!(cfg["num_experts_per_tok"], 8);
+        let inter = cfg["moe_intermediate_size"].as_u64().unwrap() as f64;
+        let bytes = 3.0 * 2048.0 * inter * (0.5 + 2.0 / 64.0);
+        assert!((bytes / (3u64 << 20) as f64 - 1.0).abs() < 0.1, "{inter}");
+        assert!(tensors(&cfg).is_ok());
+        let bad = Topology {
+            top_k: 40,
+            ..granite
+        };
+        assert!(config_for_topology(&bad, int4).is_err());
+    }
 }

@@ -127,6 +127,17 @@ impl CacheBook {
         read: &mut Vec<Key>,
         dropped: &mut Vec<(Key, Held)>,
     ) {
+        let read0 = read.len();
+        // A key taken and pushed out again within this call (a later prediction evicted
+        // it from a small cache) was never there for the caller: neither read nor dropped.
+        let mut drop_one =
+            |read: &mut Vec<Key>, k: Key, h: Held| match read[read0..].iter().position(|&r| r == k)
+            {
+                Some(i) => {
+                    read.remove(read0 + i);
+                }
+                None => dropped.push((k, h)),
+            };
         let mut staged_now = 0;
         for key in keys {
             if self.held.contains_key(&key) {
@@ -142,14 +153,18 @@ impl CacheBook {
                 while self.staged.len() >= self.slots {
                     let old = self.staged.pop_front().expect("non-empty");
                     if let Some(h) = self.held.remove(&old) {
-                        dropped.push((old, h));
+                        drop_one(read, old, h);
                     }
                 }
                 self.staged.push_back(key);
             } else {
                 let mut evicted = Vec::new();
                 self.policy.access(key, Access::Prefetch, &mut evicted);
-                self.drop_keys(&evicted, dropped);
+                for v in evicted {
+                    if let Some(h) = self.held.remove(&v) {
+                        drop_one(read, v, h);
+                    }
+                }
                 if !self.policy.contains(key) {
                     continue;
                 }
@@ -248,5 +263,25 @@ mod tests {
             )]
         );
         assert_eq!(b.len(), 2 + 2);
+    }
+
+    /// A prediction pushed out by a later one of the same call (a cache smaller than the
+    /// prediction) is neither read nor reported dropped.
+    #[test]
+    fn a_prediction_evicted_within_its_call_is_not_read() {
+        let mut b = CacheBook::new(Box::new(Lru::new(2)), 0);
+        let (mut read, mut dropped) = (Vec::new(), Vec::new());
+        b.speculate([k(1), k(2), k(3)], false, &mut read, &mut dropped);
+        assert_eq!(read, vec![k(2), k(3)]);
+        assert!(dropped.is_empty());
+        assert_eq!(b.len(), 2);
+        // Held before the call, pushed out by one prediction and taken again by the next:
+        // dropped (its old buffer goes) and read again.
+        let (mut read, mut dropped) = (Vec::new(), Vec::new());
+        b.speculate([k(4), k(2)], false, &mut read, &mut dropped);
+        assert_eq!(read, vec![k(4), k(2)]);
+        let gone: Vec<Key> = dropped.iter().map(|d| d.0).collect();
+        assert_eq!(gone, vec![k(2), k(3)]);
+        assert_eq!(b.len(), 2);
     }
 }

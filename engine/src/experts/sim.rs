@@ -100,10 +100,10 @@ pub struct SimOptions {
 }
 
 /// The store's prefetch as the simulator models it. A trace records what the routers chose,
-/// not what the predictor guessed, so the guess is made from the truth: each expert a row
-/// is routed to in the next layer is predicted with probability `recall`, and each one
-/// missed is replaced by a wrong expert of the same weight (a real predictor names `top_k`
-/// per row too). The predictions of a step's rows are merged heaviest first, as
+/// not what the predictor guessed, so the guess is made from the truth: of the experts a
+/// row is routed to in the next layer, each is missed with probability `1 - recall`, the
+/// misses falling on the row's lightest experts, each replaced by a wrong expert of the same
+/// weight (a real predictor names `top_k` per row too). The predictions of a step's rows are merged heaviest first, as
 /// `experts::hooks::Predictor` does, and handed to the same [`CacheBook`] the store uses,
 /// so prefetch slots, their half-per-layer limit and the policy's room behave as live.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -196,15 +196,26 @@ pub fn predict(
 ) -> Vec<u32> {
     let mut weight: HashMap<u32, f64> = HashMap::new();
     for (r, row) in layer.experts.iter().enumerate() {
-        let mut named: Vec<u32> = Vec::with_capacity(row.len());
-        for (j, &e) in row.iter().enumerate() {
-            let w = layer
+        let w = |j: usize| {
+            layer
                 .weights
                 .get(r)
                 .and_then(|w| w.get(j))
-                .map_or(1.0 / (j + 1) as f64, |&w| w as f64);
-            let mut guess = e;
-            if rng.next_f64() >= recall && row.len() < n_experts {
+                .map_or(1.0 / (j + 1) as f64, |&w| w as f64)
+        };
+        // How many of the row's experts the predictor gets wrong; they are the lightest
+        // ones (a router's near-ties at the edge of its top-k are what a guess from the
+        // previous layer's state confuses).
+        let wrong = (0..row.len())
+            .filter(|_| rng.next_f64() >= recall)
+            .count()
+            .min(n_experts - row.len());
+        let mut by_weight: Vec<usize> = (0..row.len()).collect();
+        by_weight.sort_by(|&a, &b| w(b).total_cmp(&w(a)).then(a.cmp(&b)));
+        let mut named: Vec<u32> = Vec::with_capacity(row.len());
+        for (rank, &j) in by_weight.iter().enumerate() {
+            let mut guess = row[j];
+            if rank >= row.len() - wrong {
                 // A wrong expert: neither routed in this row nor named already.
                 loop {
                     let x = (rng.next_f64() * n_experts as f64) as u32 % n_experts as u32;
@@ -215,7 +226,7 @@ pub fn predict(
                 }
             }
             named.push(guess);
-            *weight.entry(guess).or_default() += w;
+            *weight.entry(guess).or_default() += w(j);
         }
     }
     let mut v: Vec<(u32, f64)> = weight.into_iter().collect();

@@ -1658,9 +1658,13 @@ mod tests {
                 drop(probe);
                 c.requests_per_token = per_token;
                 c.prefetch_slots = slots;
-                let store =
-                    ExpertStore::new(&[path.clone()], &specs, &c, UsageHistogram::new(4, 16))
-                        .unwrap();
+                let store = ExpertStore::new(
+                    std::slice::from_ref(&path),
+                    &specs,
+                    &c,
+                    UsageHistogram::new(4, 16),
+                )
+                .unwrap();
                 let model = recall.map(|r| PrefetchModel {
                     recall: r,
                     slots,

@@ -17,6 +17,7 @@ mod plan;
 mod progress;
 mod remote;
 mod run;
+mod serve;
 mod simulate;
 mod synth;
 mod trace;
@@ -86,6 +87,8 @@ enum Command {
     Ps(manage::InfoArgs),
     /// Load a model into the daemon.
     Load(manage::LoadArgs),
+    /// Serve models over the OpenAI- and Anthropic-compatible HTTP API (prints its URL).
+    Serve(serve::ServeArgs),
     /// Unload a model (its sessions are saved).
     Unload(manage::UnloadArgs),
     /// Stop the daemon (it saves sessions, usage history and pins first).
@@ -127,6 +130,7 @@ fn dispatch(global: &Global, command: Command) -> anyhow::Result<()> {
         Command::Status(a) => manage::status(global, a),
         Command::Ps(a) => manage::ps(global, a),
         Command::Load(a) => manage::load(global, a),
+        Command::Serve(a) => serve::serve(global, a),
         Command::Unload(a) => manage::unload(global, a),
         Command::Stop(a) => manage::stop(global, a),
         Command::Sessions(a) => manage::sessions(global, a),

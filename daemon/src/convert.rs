@@ -13,7 +13,7 @@ pub fn status_from_engine(e: &Error) -> Status {
     let msg = e.to_string();
     match e {
         Error::InvalidArgument { .. } | Error::Tokenizer(_) => Status::invalid_argument(msg),
-        Error::ContextOverflow { .. } => Status::invalid_argument(format!("prompt: {msg}")),
+        Error::ContextOverflow { .. } => context_exceeded(msg),
         Error::Template(_) => Status::failed_precondition(msg),
         Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
             Status::not_found(msg)
@@ -21,6 +21,22 @@ pub fn status_from_engine(e: &Error) -> Status {
         Error::UnsupportedModelType { .. } => Status::invalid_argument(format!("model: {msg}")),
         _ => Status::failed_precondition(msg),
     }
+}
+
+/// Metadata key of a status that says which kind of refusal it is beyond its code, for
+/// front ends that must say so in their own error shape (the HTTP API).
+pub const ERROR_KIND_KEY: &str = "colibri-error";
+pub const CONTEXT_LENGTH_EXCEEDED: &str = "context_length_exceeded";
+
+/// INVALID_ARGUMENT for a prompt that does not fit the context (with nothing generated),
+/// marked as such in the metadata.
+pub fn context_exceeded(msg: impl std::fmt::Display) -> Status {
+    let mut st = Status::invalid_argument(format!("prompt: {msg}"));
+    st.metadata_mut().insert(
+        ERROR_KIND_KEY,
+        tonic::metadata::MetadataValue::from_static(CONTEXT_LENGTH_EXCEEDED),
+    );
+    st
 }
 
 /// Sampling parameters with proto3's absent fields at their "off" values. Validation is the

@@ -32,6 +32,9 @@ pub struct Config {
     pub stream: bool,
     /// Expert cache budget in bytes; None = the memory plan's default.
     pub expert_cache: Option<u64>,
+    /// The HTTP API's settings (`--http*`, `--api-key`); its address is empty when the
+    /// daemon starts without the API (a ServeHttp request may start it later).
+    pub http: crate::http::HttpConfig,
 }
 
 /// A loaded model: its weights (shared read-only with handlers for tokenization) and the
@@ -126,6 +129,10 @@ pub struct Daemon {
     next_request: AtomicU64,
     /// Set to true to stop the daemon (Shutdown RPC, signals).
     pub shutdown: watch::Sender<bool>,
+    /// Counters for the HTTP API's /metrics (requests of both front doors).
+    pub metrics: crate::http::metrics::Metrics,
+    /// The HTTP API listener, once started (`--http`, ServeHttp).
+    pub http: tokio::sync::Mutex<Option<crate::http::Serving>>,
 }
 
 /// Session ids become file names: keep them to a safe alphabet.
@@ -154,6 +161,8 @@ impl Daemon {
             models: Mutex::new(HashMap::new()),
             next_request: AtomicU64::new(1),
             shutdown,
+            metrics: Default::default(),
+            http: tokio::sync::Mutex::new(None),
         })
     }
 

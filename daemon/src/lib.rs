@@ -7,9 +7,11 @@
 //! - [`scheduler`]: the engine thread: batched steps over all live generations.
 //! - [`snapshot`] and [`state`]: session snapshots and other persisted files.
 //! - [`server`]: putting it together (health, reflection, signals, shutdown).
+//! - [`http`]: the OpenAI/Anthropic-compatible HTTP API, a translation onto [`service`].
 
 pub mod convert;
 pub mod daemon;
+pub mod http;
 pub mod scheduler;
 pub mod server;
 pub mod service;

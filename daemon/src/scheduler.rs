@@ -50,6 +50,9 @@ pub struct GenJob {
     pub session_id: Option<String>,
     pub input: GenInput,
     pub max_tokens: usize,
+    /// Reduce `max_tokens` to the room left in the context (0 = all of it) instead of
+    /// refusing it (`GenerationOptions.clamp_max_tokens`).
+    pub clamp_max_tokens: bool,
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
     pub ignore_eos: bool,
@@ -579,9 +582,32 @@ impl Engine {
                 "is empty (and the session has no pending token to continue from)",
             ));
         }
+        let mut max_tokens = job.max_tokens;
+        if job.clamp_max_tokens {
+            let room = self
+                .model
+                .info
+                .max_context
+                .saturating_sub(base_len + feed.len());
+            if room == 0 {
+                self.give_back(&job.session_id, cache);
+                // Nothing can be generated: refused like a prompt past the context.
+                let (n, max) = (base_len + feed.len(), self.model.info.max_context);
+                return Err(convert::context_exceeded(if n > max {
+                    format!("prompt of {n} tokens does not fit the context of {max} tokens")
+                } else {
+                    format!("prompt of {n} tokens leaves no room to generate in the context of {max} tokens")
+                }));
+            }
+            max_tokens = if max_tokens == 0 {
+                room
+            } else {
+                max_tokens.min(room)
+            };
+        }
         let req = GenerateRequest {
             prompt: feed.clone(),
-            max_tokens: job.max_tokens,
+            max_tokens,
             sampling: job.sampling.clone(),
             stop_strings: job.stop.clone(),
             ignore_eos: job.ignore_eos,
@@ -904,6 +930,7 @@ impl Engine {
                             reason: convert::finish_reason(reason) as i32,
                             stats: Some(stats),
                             session_id: g.session.clone().unwrap_or_default(),
+                            stop_sequence: g.gen.matched_stop().unwrap_or_default().to_string(),
                         })),
                     }));
                 }

@@ -54,6 +54,46 @@ pub struct Args {
     /// Snapshot a session to disk after it has been idle this many seconds.
     #[arg(long, default_value_t = 30.0)]
     pub session_save_after: f64,
+    /// Also serve the OpenAI- and Anthropic-compatible HTTP API on HOST:PORT, e.g.
+    /// 127.0.0.1:11435 (docs/http.md). A non-loopback address needs --api-key.
+    #[arg(long, value_name = "HOST:PORT", help_heading = "HTTP API")]
+    pub http: Option<String>,
+    /// The key HTTP clients must send (Authorization: Bearer KEY, or x-api-key: KEY).
+    #[arg(
+        long,
+        env = "COLIBRI_API_KEY",
+        hide_env_values = true,
+        help_heading = "HTTP API"
+    )]
+    pub api_key: Option<String>,
+    /// Host header names the HTTP API answers besides IP addresses and localhost (against
+    /// DNS rebinding); repeat it, or "*" for any.
+    #[arg(
+        long = "http-allow-host",
+        value_name = "NAME",
+        help_heading = "HTTP API"
+    )]
+    pub http_allow_hosts: Vec<String>,
+    /// Browser origins allowed to call the HTTP API (CORS), e.g. http://localhost:3000;
+    /// repeat it, or "*" for any. None by default.
+    #[arg(
+        long = "http-cors-origin",
+        value_name = "ORIGIN",
+        help_heading = "HTTP API"
+    )]
+    pub http_cors_origins: Vec<String>,
+    /// Largest HTTP request body in bytes (larger ones get 413).
+    #[arg(long, default_value_t = crate::http::DEFAULT_BODY_LIMIT, value_name = "BYTES", help_heading = "HTTP API")]
+    pub http_body_limit: usize,
+    /// Seconds without an event after which a streamed answer sends a keep-alive (ping),
+    /// e.g. while a long prompt is prefilled.
+    #[arg(
+        long,
+        default_value_t = 5.0,
+        value_name = "SECS",
+        help_heading = "HTTP API"
+    )]
+    pub http_ping: f64,
 }
 
 pub fn main() -> ExitCode {
@@ -100,6 +140,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         queue: args.queue,
         stream: args.stream || args.expert_cache.is_some(),
         expert_cache: args.expert_cache.map(|mib| mib << 20),
+        http: crate::http::HttpConfig {
+            address: args.http.clone().unwrap_or_default(),
+            api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+            allowed_hosts: args.http_allow_hosts.clone(),
+            cors_origins: args.http_cors_origins.clone(),
+            body_limit: args.http_body_limit,
+            ping_every: Duration::from_secs_f64(if args.http_ping.is_finite() {
+                args.http_ping.clamp(0.001, 3600.0)
+            } else {
+                5.0
+            }),
+        },
     };
     let daemon = Daemon::new(cfg, state);
     // Read every snapshot's header once: damaged ones are reported and set aside now.
@@ -143,6 +195,11 @@ async fn serve(
     #[cfg(windows)]
     let incoming = transport::incoming(endpoint)?;
 
+    // The HTTP API first: a bad --http fails the start, before anything is served.
+    if !daemon.cfg.http.address.is_empty() {
+        crate::http::ensure_serving(&daemon, daemon.cfg.http.clone()).await?;
+    }
+
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(
         tonic::transport::Server::builder()
@@ -177,6 +234,9 @@ async fn serve(
         .set_not_serving::<pb::colibri_server::ColibriServer<Service>>()
         .await;
     daemon.unload_all().await;
+    if let Some(http) = daemon.http.lock().await.take() {
+        http.stop(Duration::from_secs(5)).await;
+    }
     let _ = stop_server.send(());
     match tokio::time::timeout(Duration::from_secs(5), server).await {
         Ok(Ok(Ok(()))) => {}

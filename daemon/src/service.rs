@@ -106,6 +106,7 @@ impl Service {
             session_id: (!session_id.is_empty()).then_some(session_id),
             input,
             max_tokens: o.max_tokens as usize,
+            clamp_max_tokens: o.clamp_max_tokens,
             sampling: convert::sampling(o.sampling.as_ref()),
             stop: o.stop,
             ignore_eos: o.ignore_eos,
@@ -118,8 +119,13 @@ impl Service {
         match rx.recv().await {
             Some(Ok(first)) => {
                 let rest = UnboundedReceiverStream::new(rx);
+                // Every generation is counted for /metrics, whichever door it came in.
                 Ok(Response::new(Box::pin(
-                    tokio_stream::once(Ok(first)).chain(rest),
+                    crate::http::metrics::Observed::new(
+                        Box::pin(tokio_stream::once(Ok(first)).chain(rest)),
+                        Arc::clone(&self.daemon),
+                        h.id.clone(),
+                    ),
                 )))
             }
             Some(Err(st)) => Err(st),
@@ -246,6 +252,14 @@ impl Colibri for Service {
             memory: Some(memory),
             sessions,
             queue_capacity: (cfg.engine.max_batch.max(1) + cfg.queue) as u32,
+            http_url: self
+                .daemon
+                .http
+                .lock()
+                .await
+                .as_ref()
+                .map(|s| s.url.clone())
+                .unwrap_or_default(),
         }))
     }
 
@@ -632,6 +646,39 @@ impl Colibri for Service {
         // be seen; `send` drops the value when nobody listens yet.
         self.daemon.shutdown.send_replace(true);
         Ok(Response::new(pb::ShutdownResponse {}))
+    }
+
+    async fn serve_http(
+        &self,
+        req: Request<pb::ServeHttpRequest>,
+    ) -> Result<Response<pb::ServeHttpResponse>, Status> {
+        let req = req.into_inner();
+        let address = if req.address.is_empty() {
+            format!("127.0.0.1:{}", crate::http::DEFAULT_PORT)
+        } else {
+            req.address
+        };
+        // The daemon's own --http-* settings (and its key, unless the request brings one).
+        let mut cfg = self.daemon.cfg.http.clone();
+        cfg.address = address;
+        if !req.api_key.is_empty() {
+            cfg.api_key = Some(req.api_key);
+        }
+        let (url, started) = crate::http::ensure_serving(&self.daemon, cfg)
+            .await
+            .map_err(|e| Status::failed_precondition(format!("{e:#}")))?;
+        let models = crate::http::models::listed(&self.daemon)
+            .into_iter()
+            .map(|(name, h)| pb::HttpModel {
+                name,
+                id: h.id.clone(),
+            })
+            .collect();
+        Ok(Response::new(pb::ServeHttpResponse {
+            url,
+            started,
+            models,
+        }))
     }
 }
 

@@ -211,6 +211,11 @@ impl Generation {
         self.finished
     }
 
+    /// The stop string that ended the generation (finish reason `Stop`).
+    pub fn matched_stop(&self) -> Option<&str> {
+        self.stop.matched()
+    }
+
     pub fn generated(&self) -> &[u32] {
         &self.generated
     }

@@ -2,6 +2,7 @@
 //! transformers reference files (`tests/fixtures/<family>/ref.json`).
 
 pub mod daemon;
+pub mod http;
 
 use std::path::PathBuf;
 

@@ -7,6 +7,8 @@ pub struct StopMatcher {
     stops: Vec<String>,
     held: String,
     stopped: bool,
+    /// The stop string that matched (the earliest in the text).
+    matched: Option<String>,
 }
 
 impl StopMatcher {
@@ -19,6 +21,7 @@ impl StopMatcher {
             stops,
             held: String::new(),
             stopped: false,
+            matched: None,
         }
     }
 
@@ -37,9 +40,10 @@ impl StopMatcher {
         let first = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
-            .min();
-        if let Some(at) = first {
+            .filter_map(|s| self.held.find(s.as_str()).map(|at| (at, s)))
+            .min_by_key(|&(at, _)| at);
+        if let Some((at, stop)) = first {
+            self.matched = Some(stop.clone());
             self.held.truncate(at);
             self.stopped = true;
             return (std::mem::take(&mut self.held), true);
@@ -60,6 +64,11 @@ impl StopMatcher {
             .find(|&i| self.stops.iter().any(|s| s.starts_with(&held[i..])))
             .map(|i| held.len() - i)
             .unwrap_or(0)
+    }
+
+    /// The stop string that ended the text, once one matched (the APIs report it).
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// Whatever is still held back, at the end of generation (nothing after a match).
@@ -109,6 +118,10 @@ mod tests {
         let (outs, hit, _) = run(&["cd", "bc"], &["abcd"]);
         assert_eq!(outs, vec!["a"]);
         assert!(hit);
+        let mut m = StopMatcher::new(vec!["cd".into(), "bc".into()]);
+        assert_eq!(m.matched(), None);
+        m.push("abcd");
+        assert_eq!(m.matched(), Some("bc"));
         // Overlapping partials: the longer-held candidate must not hide a shorter full match.
         let (outs, hit, _) = run(&["xxy", "xz"], &["axx", "z"]);
         assert_eq!(outs, vec!["a", "x"]);

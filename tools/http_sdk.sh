@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The official openai and anthropic Python SDKs (pinned in tools/http_sdk_requirements.txt)
+# against the real colibrid's HTTP API, served with `coli serve`. Run by .ci/run after the
+# build; needs python3 and PyPI.
+#   tools/http_sdk.sh [path/to/target/release]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=${1:-target/release}
+work=$(mktemp -d)
+pid=
+# The daemon saves its state as it stops: wait for it before removing the folder.
+trap '[ -n "$pid" ] && { kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; }; rm -rf "$work"' EXIT
+# HTTP_SDK_VENV: a venv that already has the pinned packages (to rerun quickly).
+venv=${HTTP_SDK_VENV:-$work/venv}
+if [ -z "${HTTP_SDK_VENV:-}" ]; then
+  python3 -m venv "$venv"
+  for try in 1 2 3; do
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r tools/http_sdk_requirements.txt && break
+    [ "$try" = 3 ] && { echo "http_sdk: pip install failed" >&2; exit 1; }
+    sleep 5
+  done
+fi
+key=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+# One generation at a time and no queue: a second request while one runs is a 429.
+"$bin/colibrid" --socket "$work/c.sock" --state-dir "$work/state" --max-batch 1 --queue 0 \
+  --http-body-limit 1048576 >"$work/colibrid.log" 2>&1 &
+pid=$!
+for _ in $(seq 100); do [ -S "$work/c.sock" ] && break; sleep 0.1; done
+served=$(COLIBRI_API_KEY=$key "$bin/coli" --socket "$work/c.sock" --no-autostart serve \
+  --model tests/fixtures/olmoe --http 127.0.0.1:0 --output json)
+url=$(printf '%s' "$served" | python3 -c 'import json,sys; print(json.load(sys.stdin)["url"])')
+echo "http_sdk: colibrid serves $url"
+"$venv/bin/python" tools/http_sdk_test.py --url "$url" --key "$key" --model olmoe \
+  --model-dir tests/fixtures/olmoe --coli "$bin/coli" || { cat "$work/colibrid.log" >&2; exit 1; }

@@ -318,10 +318,8 @@ impl Matrix {
         kernels::dot(self.format, self.row_bytes(r), self.row_scales(r), x)
     }
 
-    /// Prepares `n` activation rows for this matrix's kernels (in parallel when `n > 1`).
-    /// Matrices of the same format and `int8_act` accept each other's prepared rows, so a
-    /// layer prepares its input once for all of them.
-    pub fn prepare_rows(&self, x: &[f32], n: usize) -> Vec<kernels::Act> {
+    /// Prepares `n` activation rows for this matrix's kernels.
+    fn prepare(&self, x: &[f32], n: usize) -> Vec<kernels::Act> {
         let c = self.cols;
         if n > 1 {
             (0..n)
@@ -330,28 +328,6 @@ impl Matrix {
                 .collect()
         } else {
             vec![kernels::prepare(self.format, &x[..c], self.int8_act)]
-        }
-    }
-
-    /// Whether rows prepared for `self` serve `other` too.
-    pub fn same_activations(&self, other: &Matrix) -> bool {
-        self.format == other.format && self.int8_act == other.int8_act && self.cols == other.cols
-    }
-
-    /// Weight rows `r0..r1` against every prepared row of `acts`, written transposed:
-    /// `out_t[(r - r0) * acts.len() + i] = dot(row r, acts[i])`. The one kernel entry point
-    /// of every product, so a (row, input) pair gives the same bits whatever else is in the
-    /// batch and however the rows are split between threads.
-    pub fn rows_block(&self, acts: &[&kernels::Act], r0: usize, r1: usize, out_t: &mut [f32]) {
-        let n = acts.len();
-        debug_assert!(r0 <= r1 && r1 <= self.rows);
-        debug_assert_eq!(out_t.len(), (r1 - r0) * n);
-        let f = self.format;
-        for (i, act) in acts.iter().enumerate() {
-            for r in r0..r1 {
-                out_t[(r - r0) * n + i] =
-                    kernels::dot_act(f, self.row_bytes(r), self.row_scales(r), act);
-            }
         }
     }
 
@@ -366,14 +342,15 @@ impl Matrix {
         if n == 0 || self.rows == 0 {
             return;
         }
-        let acts = self.prepare_rows(x, n);
-        let acts: Vec<&kernels::Act> = acts.iter().collect();
-        let acts = &acts[..];
+        let acts = self.prepare(x, n);
+        let (f, acts) = (self.format, &acts);
         if n == 1 {
             // One input row: output rows are contiguous, no transpose needed.
             out.par_chunks_mut(64).enumerate().for_each(|(b, chunk)| {
-                let r0 = b * 64;
-                self.rows_block(acts, r0, r0 + chunk.len(), chunk);
+                for (j, o) in chunk.iter_mut().enumerate() {
+                    let r = b * 64 + j;
+                    *o = kernels::dot_act(f, self.row_bytes(r), self.row_scales(r), &acts[0]);
+                }
             });
             return;
         }
@@ -386,7 +363,14 @@ impl Matrix {
             .enumerate()
             .for_each(|(b, chunk)| {
                 let r0 = b * BLOCK;
-                self.rows_block(acts, r0, r0 + chunk.len() / n, chunk);
+                let nr = chunk.len() / n;
+                for (i, act) in acts.iter().enumerate() {
+                    for j in 0..nr {
+                        let r = r0 + j;
+                        chunk[j * n + i] =
+                            kernels::dot_act(f, self.row_bytes(r), self.row_scales(r), act);
+                    }
+                }
             });
         for r in 0..self.rows {
             for i in 0..n {

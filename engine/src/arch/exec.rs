@@ -81,6 +81,57 @@ impl Out {
     }
 }
 
+/// The kernel entry points the forward pass uses, on top of `kernels::dot_act`.
+impl Matrix {
+    /// Prepares `n` activation rows for this matrix's kernels (in parallel when `n > 1`).
+    /// Matrices of the same format and `int8_act` accept each other's prepared rows, so a
+    /// layer prepares its input once for all of them.
+    pub fn prepare_rows(&self, x: &[f32], n: usize) -> Vec<Act> {
+        let c = self.cols;
+        if n > 1 {
+            (0..n)
+                .into_par_iter()
+                .map(|i| {
+                    crate::kernels::prepare(self.format, &x[i * c..(i + 1) * c], self.int8_act)
+                })
+                .collect()
+        } else {
+            vec![crate::kernels::prepare(self.format, &x[..c], self.int8_act)]
+        }
+    }
+
+    /// Whether rows prepared for `self` serve `other` too.
+    pub fn same_activations(&self, other: &Matrix) -> bool {
+        self.format == other.format && self.int8_act == other.int8_act && self.cols == other.cols
+    }
+
+    /// Weight rows `r0..r1` against every prepared row of `acts`, written transposed:
+    /// `out_t[(r - r0) * acts.len() + i] = dot(row r, acts[i])`: the same kernel call per
+    /// (row, input) pair as [`Matrix::matmul`], so the same bits whatever else is in the
+    /// batch and however the rows are split between threads.
+    pub fn rows_block(&self, acts: &[&Act], r0: usize, r1: usize, out_t: &mut [f32]) {
+        let n = acts.len();
+        debug_assert!(r0 <= r1 && r1 <= self.rows);
+        debug_assert_eq!(out_t.len(), (r1 - r0) * n);
+        let (rb, sb) = (
+            self.format.row_bytes(self.cols),
+            self.format.scale_row_bytes(self.cols),
+        );
+        let data = self.data.bytes();
+        let scales = self.scales.as_ref().map_or(&[][..], |s| s.bytes());
+        for (i, act) in acts.iter().enumerate() {
+            for r in r0..r1 {
+                out_t[(r - r0) * n + i] = crate::kernels::dot_act(
+                    self.format,
+                    &data[r * rb..(r + 1) * rb],
+                    &scales[r * sb..(r + 1) * sb],
+                    act,
+                );
+            }
+        }
+    }
+}
+
 /// Prepared input rows for each distinct activation format among `mats`: returns, per
 /// matrix, the index of its rows in the returned list.
 pub(crate) fn prepare_shared(mats: &[&Matrix], x: &[f32], n: usize) -> (Vec<Vec<Act>>, Vec<usize>) {

@@ -1,11 +1,12 @@
 //! `coli synth`: a random-weight model with a real architecture's full shape, written straight
-//! into the container format (for benchmarks without a download).
+//! into the container format (for benchmarks without a download), or as a Hub checkpoint
+//! (`--format hf`) that other engines convert, so both run the same weights.
 
 use crate::convert::Bar;
 use anyhow::Context;
 use clap::Args;
 use colibri_engine::convert::parse_format;
-use colibri_engine::synth::{self, SynthOptions};
+use colibri_engine::synth::{self, SynthFormat, SynthOptions};
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
@@ -19,9 +20,13 @@ pub struct SynthArgs {
     /// trace, with the trace's top-k); a known name here is the same as --like.
     #[arg(long, value_name = "TRACE", conflicts_with = "like")]
     pub like_trace: Option<String>,
-    /// The container folder to write.
+    /// The folder to write.
     #[arg(long, value_name = "DIR")]
     pub output: PathBuf,
+    /// What to write: a colibri container, or a Hub checkpoint (bf16 safetensors shards,
+    /// tokenizer) that other engines' converters read (--experts/--dense do not apply).
+    #[arg(long, default_value = "container", value_parser = ["container", "hf"])]
+    pub format: String,
     /// Format of the routed experts.
     #[arg(long, default_value = "int4", value_parser = ["int4", "int8", "int2", "bf16"])]
     pub experts: String,
@@ -69,6 +74,11 @@ pub fn synth(a: SynthArgs) -> anyhow::Result<()> {
     let opts = SynthOptions {
         like: like.clone(),
         output: a.output.clone(),
+        format: if a.format == "hf" {
+            SynthFormat::Hf
+        } else {
+            SynthFormat::Container
+        },
         experts,
         dense: parse_format(&a.dense, 0)?,
         layers: a.layers,

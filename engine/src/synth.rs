@@ -14,6 +14,9 @@ use crate::tensor::{ScaleType, WeightFormat};
 use serde_json::json;
 use std::path::PathBuf;
 
+mod hf;
+pub use hf::tokenizer_json;
+
 /// Architectures `--like` knows, with their published configuration.
 pub fn known_models() -> Vec<&'static str> {
     vec!["olmoe-1b-7b", "qwen3-30b-a3b", "mixtral-8x7b"]
@@ -59,10 +62,23 @@ fn config_for(like: &str) -> Result<serde_json::Value> {
     })
 }
 
+/// What `coli synth` writes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SynthFormat {
+    /// A colibri container in `experts` / `dense` formats, routed experts laid out for
+    /// streaming.
+    #[default]
+    Container,
+    /// A Hub checkpoint: every matrix bf16, sharded safetensors, tokenizer files
+    /// (`experts` / `dense` are not used). What another engine's converter reads.
+    Hf,
+}
+
 #[derive(Clone, Debug)]
 pub struct SynthOptions {
     pub like: String,
     pub output: PathBuf,
+    pub format: SynthFormat,
     pub experts: WeightFormat,
     pub dense: WeightFormat,
     /// Override the number of layers (smaller models for quick checks).
@@ -343,6 +359,53 @@ fn is_branch_output(name: &str) -> bool {
         .any(|s| name.ends_with(s))
 }
 
+/// The random weight `name` of a synth model: its values (see the scales above) and its
+/// format, `experts` for routed experts, `dense` for the other matrices, bf16 for vectors,
+/// routers and the attention's q/k norms. The values depend only on the name and the seed.
+pub(crate) fn random_item(
+    name: String,
+    shape: Vec<usize>,
+    seed: u64,
+    experts: WeightFormat,
+    dense: WeightFormat,
+    hidden: f32,
+) -> Item<'static> {
+    let seed = crate::convert::fnv64(name.as_bytes()) ^ seed;
+    let is_expert = crate::container::is_routed_expert(&name).is_some();
+    let (format, kind) = if name.ends_with("_norm.weight") && name.contains(".self_attn.") {
+        (WeightFormat::BF16, Kind::Const(QK_GAIN))
+    } else if shape.len() == 1 {
+        (WeightFormat::BF16, Kind::Ones)
+    } else if name.ends_with(".gate.weight") {
+        // Router: logits of standard deviation ~1.5 on unit-RMS inputs.
+        (WeightFormat::BF16, Kind::Random(1.5 / hidden.sqrt()))
+    } else if name == "model.embed_tokens.weight" {
+        (dense, Kind::Random(EMBED_STD))
+    } else if is_expert {
+        let std = if is_branch_output(&name) {
+            0.02 * BRANCH_SCALE
+        } else {
+            0.02
+        };
+        (experts, Kind::Random(std))
+    } else {
+        let std = if is_branch_output(&name) {
+            0.02 * BRANCH_SCALE
+        } else if name.ends_with(".q_proj.weight") || name.ends_with(".k_proj.weight") {
+            0.02 * QK_GAIN
+        } else {
+            0.02
+        };
+        (dense, Kind::Random(std))
+    };
+    Item {
+        name,
+        shape,
+        format,
+        source: Box::new(RandomSource { seed, kind }),
+    }
+}
+
 /// Writes the synthetic model; returns its size in bytes.
 pub fn synth(opts: &SynthOptions, progress: &dyn Progress) -> Result<u64> {
     let mut cfg = match &opts.topology {
@@ -356,44 +419,22 @@ pub fn synth(opts: &SynthOptions, progress: &dyn Progress) -> Result<u64> {
         cfg["num_hidden_layers"] = json!(n);
     }
     std::fs::create_dir_all(&opts.output).map_err(|e| Error::io(&opts.output, e))?;
+    if opts.format == SynthFormat::Hf {
+        return hf::write(&cfg, &opts.output, opts.seed, progress);
+    }
     let hidden = cfg["hidden_size"].as_u64().unwrap_or(1) as f32;
     let mut dense: Vec<Item> = Vec::new();
     let mut experts: std::collections::BTreeMap<usize, Vec<Item>> = Default::default();
     for (name, shape) in tensors(&cfg)? {
-        let seed = crate::convert::fnv64(name.as_bytes()) ^ opts.seed;
         let is_expert = crate::container::is_routed_expert(&name).is_some();
-        let (format, kind) = if name.ends_with("_norm.weight") && name.contains(".self_attn.") {
-            (WeightFormat::BF16, Kind::Const(QK_GAIN))
-        } else if shape.len() == 1 {
-            (WeightFormat::BF16, Kind::Ones)
-        } else if name.ends_with(".gate.weight") {
-            // Router: logits of standard deviation ~1.5 on unit-RMS inputs.
-            (WeightFormat::BF16, Kind::Random(1.5 / hidden.sqrt()))
-        } else if name == "model.embed_tokens.weight" {
-            (opts.dense, Kind::Random(EMBED_STD))
-        } else if is_expert {
-            let std = if is_branch_output(&name) {
-                0.02 * BRANCH_SCALE
-            } else {
-                0.02
-            };
-            (opts.experts, Kind::Random(std))
-        } else {
-            let std = if is_branch_output(&name) {
-                0.02 * BRANCH_SCALE
-            } else if name.ends_with(".q_proj.weight") || name.ends_with(".k_proj.weight") {
-                0.02 * QK_GAIN
-            } else {
-                0.02
-            };
-            (opts.dense, Kind::Random(std))
-        };
-        let item = Item {
-            name: name.clone(),
+        let item = random_item(
+            name.clone(),
             shape,
-            format,
-            source: Box::new(RandomSource { seed, kind }),
-        };
+            opts.seed,
+            opts.experts,
+            opts.dense,
+            hidden,
+        );
         match (
             is_expert,
             name.split(".layers.")

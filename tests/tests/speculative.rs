@@ -354,7 +354,7 @@ fn mtp_cache_after_speculation_equals_one_pass() {
             (b.k.len(), b.extra.len()),
             "{family}"
         );
-        let d = colibri_tests::max_abs_diff(&a.k, &b.k)
+        let d = colibri_tests::max_abs_diff(&a.k.to_f32_vec(), &b.k.to_f32_vec())
             .max(colibri_tests::max_abs_diff(&a.extra, &b.extra));
         assert!(d < 1e-4, "{family}: MTP cache differs by {d}");
     }

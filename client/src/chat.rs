@@ -594,7 +594,8 @@ impl LocalChat {
             .text
             .as_ref()
             .ok_or_else(|| anyhow!("no tokenizer"))?;
-        Ok(t.encode(&t.render_chat(messages, true)?, false)?)
+        let room = self.model.info.max_context;
+        Ok(t.encode_within(&t.render_chat(messages, true)?, false, room)?)
     }
 }
 

@@ -16,8 +16,9 @@ pub struct ConvertArgs {
     /// The container folder to write (an interrupted conversion into it resumes).
     #[arg(long, value_name = "DIR")]
     pub output: PathBuf,
-    /// Format of the routed experts.
-    #[arg(long, default_value = "int4", value_parser = ["int4", "int8", "int2", "bf16"])]
+    /// Format of the routed experts (int3: groups of 64 with f32 scales, 3.5 bits per weight,
+    /// the colibri C engine's format).
+    #[arg(long, default_value = "int4", value_parser = ["int4", "int8", "int3", "int2", "bf16"])]
     pub experts: String,
     /// Elements per scale of int4/int2 (32, 64, 128, ...; 0 = one scale per row).
     #[arg(long, default_value_t = 64)]

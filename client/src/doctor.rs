@@ -50,7 +50,7 @@ fn check(name: &'static str, status: Level, detail: impl Into<String>, fix: Opti
 pub fn doctor(global: &Global, args: DoctorArgs) -> anyhow::Result<()> {
     let mut checks = vec![cpu(), memory(args.model.as_deref())];
     if let Some(dir) = &args.model {
-        checks.push(model_folder(dir));
+        checks.extend(model_folder(dir));
         checks.push(disk_speed(dir));
     }
     checks.push(daemon_binary());
@@ -224,38 +224,60 @@ fn memory(model: Option<&Path>) -> Check {
     check("memory", Level::Ok, detail, None)
 }
 
-fn model_folder(dir: &Path) -> Check {
+/// The model check, then one line for its formats per tensor class and one per note of
+/// the load (a missing DSA indexer or MTP layers: WARN, with what to do).
+fn model_folder(dir: &Path) -> Vec<Check> {
     let t = Instant::now();
     match colibri_engine::Model::load(dir) {
         Ok(m) => {
             let i = &m.info;
             let mut detail = format!(
-                "{}: {} ({} layers, vocab {}, context {}), {} of weights, checked in {:.1} s",
+                "{}: {} ({} layers, vocab {}, context {}), {}, {} of weights, checked in {:.1} s",
                 dir.display(),
                 i.model_type,
                 i.num_layers,
                 i.vocab_size,
                 i.max_context,
+                i.layout,
                 fmt_bytes(i.weight_bytes as u64),
                 t.elapsed().as_secs_f64()
             );
+            let mut out = Vec::new();
             if m.text.is_none() {
                 detail.push_str("; no tokenizer.json");
-                return check(
+                out.push(check(
                     "model",
                     Level::Warn,
                     detail,
                     Some("text prompts and chat need tokenizer.json (download it with the checkpoint); token ids still work"),
-                );
+                ));
+            } else {
+                out.push(check("model", Level::Ok, detail, None));
             }
-            check("model", Level::Ok, detail, None)
+            out.push(check(
+                "formats",
+                Level::Ok,
+                colibri_engine::arch::census::summary(&i.weight_classes).join("; "),
+                None,
+            ));
+            for n in &i.notes {
+                let fix = if n.starts_with("DSA indexer absent") {
+                    Some("add the indexer weights (the C converter's --indexer pass) or convert the Hub checkpoint with coli convert")
+                } else if n.starts_with("no MTP layers") {
+                    Some("add the MTP layer (the C converter's --mtp pass) to draft tokens; outputs are unaffected")
+                } else {
+                    None
+                };
+                out.push(check("model", Level::Warn, n.clone(), fix));
+            }
+            out
         }
-        Err(e) => check(
+        Err(e) => vec![check(
             "model",
             Level::Fail,
             e.to_string(),
             Some("re-download the checkpoint (huggingface-cli download REPO --local-dir DIR) or point --model at the folder with config.json"),
-        ),
+        )],
     }
 }
 

@@ -31,7 +31,11 @@ pub fn load_model(dir: &Path) -> anyhow::Result<(Model, f64)> {
         bar.borrow_mut().update(p.done, p.total, &p.message)
     });
     bar.borrow().finish();
-    Ok((model?, t.elapsed().as_secs_f64()))
+    let model = model?;
+    for n in &model.info.notes {
+        eprintln!("note: {n}");
+    }
+    Ok((model, t.elapsed().as_secs_f64()))
 }
 
 /// Turns the prompt into token ids: the chat template for text (unless raw), else as given.
@@ -46,8 +50,10 @@ pub fn prompt_ids(model: &Model, spec: &PromptSpec) -> anyhow::Result<Vec<u32>> 
             model.info.dir.display()
         );
     };
+    // A text that cannot fit is refused before it is tokenized in full.
+    let room = model.info.max_context;
     if raw {
-        return Ok(t.encode(text, true)?);
+        return Ok(t.encode_within(text, true, room)?);
     }
     let mut messages = Vec::new();
     if let Some(s) = system {
@@ -62,7 +68,7 @@ pub fn prompt_ids(model: &Model, spec: &PromptSpec) -> anyhow::Result<Vec<u32>> 
     });
     let rendered = t.render_chat(&messages, true)?;
     // The template writes the special tokens (BOS, role markers) itself.
-    Ok(t.encode(&rendered, false)?)
+    Ok(t.encode_within(&rendered, false, room)?)
 }
 
 /// `--max-tokens`, or the default capped to the context room. A prompt that leaves no room

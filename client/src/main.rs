@@ -21,6 +21,7 @@ mod serve;
 mod simulate;
 mod synth;
 mod trace;
+mod web;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
@@ -89,6 +90,8 @@ enum Command {
     Load(manage::LoadArgs),
     /// Serve models over the OpenAI- and Anthropic-compatible HTTP API (prints its URL).
     Serve(serve::ServeArgs),
+    /// Open the dashboard (chat, the expert cache live, models) in a browser.
+    Web(web::WebArgs),
     /// Unload a model (its sessions are saved).
     Unload(manage::UnloadArgs),
     /// Stop the daemon (it saves sessions, usage history and pins first).
@@ -131,6 +134,7 @@ fn dispatch(global: &Global, command: Command) -> anyhow::Result<()> {
         Command::Ps(a) => manage::ps(global, a),
         Command::Load(a) => manage::load(global, a),
         Command::Serve(a) => serve::serve(global, a),
+        Command::Web(a) => web::web(global, a),
         Command::Unload(a) => manage::unload(global, a),
         Command::Stop(a) => manage::stop(global, a),
         Command::Sessions(a) => manage::sessions(global, a),

@@ -145,7 +145,10 @@ pub fn model_info_json(i: &pb::ModelInfo) -> Value {
         "id": i.id, "model_type": i.model_type, "vocab_size": i.vocab_size,
         "hidden_size": i.hidden_size, "num_layers": i.num_layers, "max_context": i.max_context,
         "eos_ids": i.eos_ids, "bos_id": i.bos_id, "weight_bytes": i.weight_bytes,
-        "has_tokenizer": i.has_tokenizer,
+        "has_tokenizer": i.has_tokenizer, "notes": i.notes, "layout": i.layout,
+        "weight_classes": i.weight_classes.iter().map(|c| json!({
+            "class": c.class, "format": c.format, "tensors": c.tensors, "bytes": c.bytes,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -261,6 +264,36 @@ fn models_table(models: &[pb::ModelStatus]) -> std::io::Result<()> {
     )
 }
 
+/// What each model's load found worth telling (a missing DSA indexer, no MTP layers) and,
+/// for a quantized folder, its formats per tensor class.
+fn model_notes(models: &[pb::ModelStatus]) {
+    for i in models.iter().filter_map(|m| m.info.as_ref()) {
+        for n in &i.notes {
+            println!("note: {}: {n}", i.id);
+        }
+        if i.weight_classes.iter().any(|c| c.format.starts_with("int")) {
+            println!("formats of {} ({}):", i.id, i.layout);
+            for line in format_lines(&i.weight_classes) {
+                println!("  {line}");
+            }
+        }
+    }
+}
+
+/// One line per tensor class: its formats with tensor counts and bytes.
+pub fn format_lines(classes: &[pb::WeightClass]) -> Vec<String> {
+    let v: Vec<colibri_engine::arch::census::WeightClass> = classes
+        .iter()
+        .map(|c| colibri_engine::arch::census::WeightClass {
+            class: c.class.clone(),
+            format: c.format.clone(),
+            tensors: c.tensors as usize,
+            bytes: c.bytes,
+        })
+        .collect();
+    colibri_engine::arch::census::summary(&v)
+}
+
 /// The key figures of each streamed model's expert cache since load.
 fn expert_cache_lines(models: &[pb::ModelStatus]) {
     for m in models {
@@ -344,6 +377,7 @@ pub fn status(global: &Global, args: InfoArgs) -> anyhow::Result<()> {
         println!();
         models_table(&s.models)?;
         expert_cache_lines(&s.models);
+        model_notes(&s.models);
     }
     if !s.sessions.is_empty() {
         println!();
@@ -367,6 +401,7 @@ pub fn ps(global: &Global, args: InfoArgs) -> anyhow::Result<()> {
     }
     models_table(&r.models)?;
     expert_cache_lines(&r.models);
+    model_notes(&r.models);
     Ok(())
 }
 
@@ -391,6 +426,9 @@ pub fn load(global: &Global, args: LoadArgs) -> anyhow::Result<()> {
         fmt_bytes(info.weight_bytes),
         t.elapsed().as_secs_f64()
     );
+    for n in &info.notes {
+        println!("note: {n}");
+    }
     Ok(())
 }
 

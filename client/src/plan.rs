@@ -42,9 +42,24 @@ pub fn plan(a: PlanArgs) -> anyhow::Result<()> {
             "fits_entirely": p.fits_entirely(),
             "runnable": p.refusal().is_none(),
             "refusal": p.refusal(),
+            "layout": model.info.layout,
+            "weight_classes": model.info.weight_classes,
+            "notes": model.info.notes,
         }));
     }
-    println!("{}: {}", a.model.display(), model.info.model_type);
+    println!(
+        "{}: {} ({})",
+        a.model.display(),
+        model.info.model_type,
+        model.info.layout
+    );
+    println!("weights by class:");
+    for line in colibri_engine::arch::census::summary(&model.info.weight_classes) {
+        println!("  {line}");
+    }
+    for n in &model.info.notes {
+        println!("note: {n}");
+    }
     println!("{p}");
     if let Some(why) = p.refusal() {
         anyhow::bail!("{why}");

@@ -13,7 +13,7 @@ pub fn status_from_engine(e: &Error) -> Status {
     let msg = e.to_string();
     match e {
         Error::InvalidArgument { .. } | Error::Tokenizer(_) => Status::invalid_argument(msg),
-        Error::ContextOverflow { .. } => context_exceeded(msg),
+        Error::ContextOverflow { .. } | Error::TextTooLong { .. } => context_exceeded(msg),
         Error::Template(_) => Status::failed_precondition(msg),
         Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
             Status::not_found(msg)
@@ -94,6 +94,18 @@ pub fn model_info(id: &str, m: &colibri_engine::Model) -> pb::ModelInfo {
         bos_id: i.bos_id,
         weight_bytes: i.weight_bytes as u64,
         has_tokenizer: m.text.is_some(),
+        notes: i.notes.clone(),
+        layout: i.layout.clone(),
+        weight_classes: i
+            .weight_classes
+            .iter()
+            .map(|c| pb::WeightClass {
+                class: c.class.clone(),
+                format: c.format.clone(),
+                tensors: c.tensors as u32,
+                bytes: c.bytes,
+            })
+            .collect(),
     }
 }
 

@@ -49,6 +49,11 @@ pub struct ModelHandle {
     pub experts_per_layer: Vec<usize>,
     /// The expert cache, when the model's experts are streamed.
     pub streaming: Option<Arc<Streaming>>,
+    /// Routing counts per expert and the latest token's experts (the dashboard's grid).
+    pub activity: Arc<crate::http::web::grid::ExpertActivity>,
+    /// This model's keep-alive when set apart from the daemon's (`Some(None)`: never
+    /// unloaded); None: the daemon's `--keep-alive`.
+    pub keep_alive: Mutex<Option<Option<Duration>>>,
     jobs: std::sync::mpsc::Sender<Job>,
     capacity: usize,
 }
@@ -72,6 +77,14 @@ impl Drop for Admission<'_> {
 }
 
 impl ModelHandle {
+    /// The idle time after which this model is unloaded (None: never).
+    pub fn keep_alive(&self, daemon_default: Option<Duration>) -> Option<Duration> {
+        self.keep_alive
+            .lock()
+            .expect("keep-alive lock")
+            .unwrap_or(daemon_default)
+    }
+
     /// Sends a control job (not counted against the queue).
     pub fn send(&self, job: Job) -> Result<(), Status> {
         self.jobs
@@ -278,6 +291,9 @@ impl Daemon {
             }
         };
         let loaded = Model::load_with_progress(Path::new(&id), &report).and_then(|mut m| {
+            for n in &m.info.notes {
+                tracing::warn!("{id}: {n}");
+            }
             let streaming = if self.cfg.stream || expert_cache_bytes.is_some() {
                 let opts = StreamOptions {
                     budget: expert_cache_bytes.or(self.cfg.expert_cache),
@@ -292,10 +308,27 @@ impl Daemon {
             } else {
                 None
             };
-            Ok((m, streaming))
+            // Every MoE block reports its routing to the dashboard's counters.
+            let per_layer: Vec<usize> = m
+                .net
+                .layers
+                .iter()
+                .map(|l| match &l.ffn {
+                    colibri_engine::arch::Ffn::Moe(x) => x.experts.len(),
+                    _ => 0,
+                })
+                .collect();
+            let activity = Arc::new(crate::http::web::grid::ExpertActivity::new(&per_layer));
+            for (li, l) in m.net.layers.iter_mut().enumerate() {
+                if let colibri_engine::arch::Ffn::Moe(x) = &mut l.ffn {
+                    x.hooks.layer = li;
+                    x.hooks.observer = Some(activity.clone());
+                }
+            }
+            Ok((m, streaming, activity))
         });
-        let (model, streaming) = match loaded {
-            Ok((m, s)) => (Arc::new(m), s),
+        let (model, streaming, activity) = match loaded {
+            Ok((m, s, a)) => (Arc::new(m), s, a),
             Err(e) => {
                 tracing::warn!("loading {id} failed: {e}");
                 self.models.lock().expect("models lock").remove(&id);
@@ -322,6 +355,8 @@ impl Daemon {
             loaded_at: Instant::now(),
             experts_per_layer,
             streaming,
+            activity,
+            keep_alive: Mutex::new(None),
             jobs,
             capacity: self.cfg.engine.max_batch.max(1) + self.cfg.queue,
         });
@@ -445,10 +480,10 @@ impl Daemon {
 
     /// Unloads models idle for longer than the keep-alive.
     pub async fn keep_alive_tick(&self) {
-        let Some(limit) = self.cfg.keep_alive else {
-            return;
-        };
         for h in self.ready_models() {
+            let Some(limit) = h.keep_alive(self.cfg.keep_alive) else {
+                continue;
+            };
             let idle = h
                 .shared
                 .published
@@ -563,7 +598,10 @@ impl Daemon {
             tokens_generated: p.tokens_generated,
             tokens_prefilled: p.tokens_prefilled,
             expert_cache: Some(expert_cache_stats(h, pinned, p.forward_seconds)),
-            keep_alive_seconds: self.cfg.keep_alive.map(|d| d.as_secs_f64()).unwrap_or(0.0),
+            keep_alive_seconds: h
+                .keep_alive(self.cfg.keep_alive)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0),
         }
     }
 }

@@ -1,17 +1,23 @@
 //! colibrid: the long-lived daemon that keeps models warm and serves colibri.v1 over a
 //! local socket.
 //!
+//! - [`authority`]: lets gRPC C-core clients' socket-path `:authority` through h2.
 //! - [`transport`]: the Unix socket / named pipe, its permissions and peer checks.
 //! - [`service`]: gRPC handlers (validate, route, wait; never compute).
+//! - [`limits`]: what one request may cost; the checks shared by every front door.
+//! - [`memory`]: allocator settings and trimming, so RSS returns after large requests.
 //! - [`daemon`]: loaded models and their engine threads, sessions across models and disk.
 //! - [`scheduler`]: the engine thread: batched steps over all live generations.
 //! - [`snapshot`] and [`state`]: session snapshots and other persisted files.
 //! - [`server`]: putting it together (health, reflection, signals, shutdown).
 //! - [`http`]: the OpenAI/Anthropic-compatible HTTP API, a translation onto [`service`].
 
+pub mod authority;
 pub mod convert;
 pub mod daemon;
 pub mod http;
+pub mod limits;
+pub mod memory;
 pub mod scheduler;
 pub mod server;
 pub mod service;

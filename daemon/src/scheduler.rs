@@ -13,6 +13,7 @@
 //! (the last sampled token, or a prompt cut short by a cancel) are fed first next turn.
 
 use crate::convert::{self, now_unix_ms, status_from_engine};
+use crate::limits;
 use crate::snapshot::{self, SessionMeta, SnapshotError, SnapshotMessage};
 use crate::state::{self, StateDir};
 use colibri_engine::experts::StoreStats;
@@ -232,6 +233,11 @@ pub struct Engine {
     /// Time spent in `Model::forward`.
     forward_time: Duration,
     idle_since: Option<Instant>,
+    /// When busy stepping, the last look for idle sessions to snapshot.
+    last_save_look: Instant,
+    /// Test hook (`COLIBRI_STEP_PAUSE_MS`): a pause after every step, so that a browser
+    /// test can watch a tiny fixture's reply stream and stop it midway.
+    step_pause: Option<Duration>,
 }
 
 /// How often an idle engine thread wakes up to snapshot idle sessions.
@@ -261,6 +267,11 @@ impl Engine {
             tokens_prefilled: 0,
             forward_time: Duration::ZERO,
             idle_since: Some(Instant::now()),
+            last_save_look: Instant::now(),
+            step_pause: std::env::var("COLIBRI_STEP_PAUSE_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map(Duration::from_millis),
         }
     }
 
@@ -294,6 +305,15 @@ impl Engine {
             if !self.active.is_empty() {
                 self.idle_since = None;
                 self.step();
+                // Sessions left idle are snapshotted under constant traffic too, or a crash
+                // would lose them (found by the soak test); at most one look a second.
+                if self.last_save_look.elapsed() >= Duration::from_secs(1) {
+                    self.last_save_look = Instant::now();
+                    self.save_idle_sessions();
+                }
+                if let Some(d) = self.step_pause {
+                    std::thread::sleep(d);
+                }
             } else if self.idle_since.is_none() {
                 self.idle_since = Some(Instant::now());
             }
@@ -500,6 +520,7 @@ impl Engine {
     /// Validates a Generate/Chat job and turns it into a row; sends Started on success.
     fn prepare(&mut self, job: GenJob) -> Result<GenRow, Status> {
         let model = Arc::clone(&self.model);
+        let max_context = model.info.max_context;
         let model_id = self.id.clone();
         let text = || {
             model.text.as_ref().ok_or_else(|| {
@@ -515,10 +536,16 @@ impl Engine {
                     GenInput::Text {
                         text: t,
                         add_special,
-                    } => text()?
-                        .encode(t, add_special.unwrap_or(true))
-                        .map_err(|e| status_from_engine(&e))?,
-                    GenInput::Chat(msgs) => encode_chat(text()?, msgs)?,
+                    } => limits::encode_text(
+                        text()?,
+                        t,
+                        add_special.unwrap_or(true),
+                        max_context,
+                        "prompt",
+                    )?,
+                    GenInput::Chat(msgs) => {
+                        limits::encode_chat(text()?, msgs, max_context, "messages")?.0
+                    }
                 };
                 let chat = match &job.input {
                     GenInput::Chat(m) => Some(m.clone()),
@@ -540,14 +567,19 @@ impl Engine {
                         text: t,
                         add_special,
                     } => {
-                        let ids = text()?
-                            .encode(t, add_special.unwrap_or(s.tokens.is_empty()))
-                            .map_err(|e| status_from_engine(&e))?;
+                        let room = max_context.saturating_sub(s.tokens.len());
+                        let ids = limits::encode_text(
+                            text()?,
+                            t,
+                            add_special.unwrap_or(s.tokens.is_empty()),
+                            room,
+                            "prompt",
+                        )?;
                         Ok((cache.len, [&s.tokens[..], &ids].concat(), None))
                     }
                     GenInput::Chat(new) => {
                         let all: Vec<ChatMessage> = s.messages.iter().chain(new).cloned().collect();
-                        let ids = encode_chat(text()?, &all)?;
+                        let (ids, _) = limits::encode_chat(text()?, &all, max_context, "messages")?;
                         // Reuse the cached prefix the re-rendered conversation shares with
                         // the history; at least one token must be fed to get logits.
                         let common = s
@@ -1126,20 +1158,6 @@ fn session_info(model_id: &str, s: &Session) -> pb::SessionInfo {
         persisted: s.persisted,
         messages: s.messages.len() as u32,
     }
-}
-
-fn encode_chat(
-    text: &colibri_engine::text::Text,
-    msgs: &[ChatMessage],
-) -> Result<Vec<u32>, Status> {
-    if msgs.is_empty() {
-        return Err(convert::invalid("messages", "is empty"));
-    }
-    let rendered = text
-        .render_chat(msgs, true)
-        .map_err(|e| status_from_engine(&e))?;
-    text.encode(&rendered, false)
-        .map_err(|e| status_from_engine(&e))
 }
 
 /// `Generation::new` validates a request against `cache.len()` but consumes the cache,

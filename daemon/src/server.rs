@@ -97,6 +97,8 @@ pub struct Args {
 }
 
 pub fn main() -> ExitCode {
+    let memory = crate::memory::Policy::from_env();
+    crate::memory::configure(memory);
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("COLIBRID_LOG")
@@ -105,7 +107,7 @@ pub fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    match run(args) {
+    match run(args, memory) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("colibrid: {e:#}");
@@ -114,7 +116,7 @@ pub fn main() -> ExitCode {
     }
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: Args, memory: crate::memory::Policy) -> anyhow::Result<()> {
     let socket = args
         .socket
         .clone()
@@ -160,6 +162,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .enable_all()
         .thread_name("colibrid-rpc")
         .build()?;
+    rt.spawn(crate::memory::watch(memory));
     let result = rt.block_on(serve(Arc::clone(&daemon), &endpoint, sessions.len()));
     endpoint.cleanup();
     rt.shutdown_timeout(Duration::from_secs(2));
@@ -186,9 +189,10 @@ async fn serve(
     let colibri = pb::colibri_server::ColibriServer::new(Service {
         daemon: Arc::clone(&daemon),
     })
-    // Score answers carry positions × vocab logits; requests may carry long prompts.
-    .max_decoding_message_size(256 << 20)
-    .max_encoding_message_size(usize::MAX);
+    // Requests may carry long prompts; Score answers carry positions × vocab logits. Both
+    // are bounded (crate::limits, docs/daemon.md).
+    .max_decoding_message_size(crate::limits::MAX_REQUEST_BYTES)
+    .max_encoding_message_size(crate::limits::MAX_RESPONSE_BYTES);
 
     #[cfg(unix)]
     let incoming = transport::incoming(endpoint.listener.try_clone()?)?;
@@ -218,7 +222,9 @@ async fn serve(
         daemon.state.root.display()
     );
 
-    if daemon.cfg.keep_alive.is_some() {
+    // Always: a model's own keep-alive (set from the dashboard) may apply without the
+    // daemon's --keep-alive.
+    {
         let d = Arc::clone(&daemon);
         tokio::spawn(async move {
             loop {

@@ -4,6 +4,7 @@
 
 use crate::convert::{self, status_from_engine};
 use crate::daemon::{check_session_id, memory_stats, Daemon, LoadState};
+use crate::limits;
 use crate::scheduler::{GenInput, GenJob, Job, ScoreJob};
 use colibri_engine::experts::Key;
 use colibri_engine::model::LoadStage;
@@ -88,6 +89,9 @@ impl Service {
     ) -> Result<Response<BoxStream<pb::GenerateEvent>>, Status> {
         let arrived = Instant::now();
         let h = self.model_for(model, &session_id).await?;
+        if let GenInput::Text { text, .. } = &input {
+            limits::check_prompt_bytes(&h.model, text.len(), "prompt")?;
+        }
         let o = options.unwrap_or_default();
         if o.request_id.len() > 128 {
             return Err(convert::invalid(
@@ -316,22 +320,18 @@ impl Colibri for Service {
             let text = h.model.text.as_ref().ok_or_else(|| {
                 Status::failed_precondition(format!("model {} has no tokenizer.json", h.id))
             })?;
+            // Bounded by the context like a prompt: the cost of a huge text is refused.
+            let room = h.model.info.max_context;
             if req.messages.is_empty() {
-                let ids = text
-                    .encode(&req.text, req.add_special_tokens.unwrap_or(true))
-                    .map_err(|e| status_from_engine(&e))?;
+                let add = req.add_special_tokens.unwrap_or(true);
+                let ids = limits::encode_text(text, &req.text, add, room, "text")?;
                 Ok(pb::TokenizeResponse {
                     ids,
                     rendered: String::new(),
                 })
             } else {
                 let msgs = convert::chat_messages(&req.messages);
-                let rendered = text
-                    .render_chat(&msgs, true)
-                    .map_err(|e| status_from_engine(&e))?;
-                let ids = text
-                    .encode(&rendered, false)
-                    .map_err(|e| status_from_engine(&e))?;
+                let (ids, rendered) = limits::encode_chat(text, &msgs, room, "messages")?;
                 Ok(pb::TokenizeResponse { ids, rendered })
             }
         })
@@ -344,6 +344,7 @@ impl Colibri for Service {
         req: Request<pb::DetokenizeRequest>,
     ) -> Result<Response<pb::DetokenizeResponse>, Status> {
         let req = req.into_inner();
+        limits::check_detokenize(req.ids.len())?;
         let h = self.daemon.resolve(&req.model).await?;
         blocking(move || {
             h.model
@@ -371,6 +372,7 @@ impl Colibri for Service {
     ) -> Result<Response<pb::ScoreResponse>, Status> {
         let req = req.into_inner();
         let h = self.daemon.resolve(&req.model).await?;
+        limits::check_score(&h.model, req.ids.len(), req.argmax_only)?;
         let (tx, rx) = oneshot::channel();
         let admission = h.admit()?;
         h.send_admitted(

@@ -71,6 +71,7 @@ pub use unix::*;
 #[cfg(unix)]
 mod unix {
     use super::*;
+    use crate::authority::FixAuthority;
     use std::fs;
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
     use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
@@ -239,7 +240,7 @@ mod unix {
     /// Must run inside the tokio runtime.
     pub fn incoming(
         listener: std::os::unix::net::UnixListener,
-    ) -> io::Result<ReceiverStream<io::Result<UnixStream>>> {
+    ) -> io::Result<ReceiverStream<io::Result<FixAuthority<UnixStream>>>> {
         let listener = UnixListener::from_std(listener)?;
         let (tx, rx) = tokio::sync::mpsc::channel(16);
         let uid = current_uid();
@@ -256,7 +257,8 @@ mod unix {
                 };
                 match stream.peer_cred() {
                     Ok(c) if c.uid() == uid => {
-                        if tx.send(Ok(stream)).await.is_err() {
+                        // C-core clients' socket-path :authority is made acceptable to h2.
+                        if tx.send(Ok(FixAuthority::new(stream))).await.is_err() {
                             return;
                         }
                     }

@@ -135,6 +135,9 @@ pub fn kernel_report(bytes: usize, threads: usize, reps: usize) -> KernelReport 
                 },
                 true,
             ),
+            ("int3-g64 (f32 act)".into(), WeightFormat::I3G64, false),
+            ("int3-g64 (int8 act)".into(), WeightFormat::I3G64, true),
+            ("int2-plain (int8 act)".into(), WeightFormat::I2Plain, true),
             ("bf16".into(), WeightFormat::BF16, false),
         ];
         let x: Vec<f32> = (0..cols)

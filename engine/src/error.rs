@@ -42,6 +42,14 @@ pub enum Error {
     Config { file: PathBuf, msg: String },
     #[error("prompt of {needed} tokens does not fit the context of {max} tokens")]
     ContextOverflow { needed: usize, max: usize },
+    /// A text refused before it was tokenized in full (`Text::encode_within`): `at_least`
+    /// is a lower bound of its length in tokens.
+    #[error("text of {bytes} bytes is at least {at_least} tokens, more than the {max} the context has room for")]
+    TextTooLong {
+        bytes: usize,
+        at_least: usize,
+        max: usize,
+    },
     #[error("invalid argument '{field}': {msg}")]
     InvalidArgument { field: String, msg: String },
     #[error("tokenizer: {0}")]

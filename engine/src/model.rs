@@ -24,6 +24,13 @@ pub struct ModelInfo {
     pub bos_id: Option<u32>,
     /// Bytes of weights the model holds (resident part plus experts).
     pub weight_bytes: usize,
+    /// The folder's kind: "Hub checkpoint", "colibri container", "colibri C layout ...".
+    pub layout: String,
+    /// Storage formats per tensor class (a mixed-precision container shows several).
+    pub weight_classes: Vec<crate::arch::census::WeightClass>,
+    /// What the load found worth telling the user, said once at load (a missing DSA
+    /// indexer: dense attention; no MTP layers: no speculative decoding).
+    pub notes: Vec<String>,
 }
 
 pub struct Model {
@@ -128,6 +135,9 @@ impl Model {
             eos_ids,
             bos_id,
             weight_bytes: net.weight_bytes(),
+            layout: ckpt.layout().to_string(),
+            weight_classes: hook.weight_classes(),
+            notes: hook.notes(),
         };
         Ok(Model { info, net, text })
     }

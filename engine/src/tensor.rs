@@ -90,6 +90,15 @@ pub enum WeightFormat {
         group: u32,
         scale: ScaleType,
     },
+    /// int3 as the colibri C engine stores it: groups of 64 elements in 24 bytes each, 16
+    /// bytes of low 2-bit codes (element `j` of the group in bits `2(j%4)` of byte `j/4`)
+    /// then 8 bytes of high bits (element `j` in bit `j%8` of byte `16 + j/8`); code `c` in
+    /// 0..8 means `(c - 4) * scale`; one f32 scale per group. A row's last group is padded.
+    I3G64,
+    /// int2 as the colibri C engine stores it: code `c` in 0..4 means `(c - 2) * scale`,
+    /// four codes per byte (element `j` in bits `2(j%4)` of byte `j/4`), one f32 scale per
+    /// row. (colibri's own [`I2`](Self::I2) is symmetric and interleaved per 32 elements.)
+    I2Plain,
 }
 
 impl WeightFormat {
@@ -100,7 +109,8 @@ impl WeightFormat {
             WeightFormat::BF16 | WeightFormat::F16 => cols * 2,
             WeightFormat::I8Row => cols,
             WeightFormat::I4 { .. } => cols.div_ceil(2),
-            WeightFormat::I2 { .. } => cols.div_ceil(4),
+            WeightFormat::I2 { .. } | WeightFormat::I2Plain => cols.div_ceil(4),
+            WeightFormat::I3G64 => cols.div_ceil(64) * 24,
         }
     }
 
@@ -108,7 +118,8 @@ impl WeightFormat {
     pub fn group_len(self, cols: usize) -> Option<usize> {
         match self {
             WeightFormat::F32 | WeightFormat::BF16 | WeightFormat::F16 => None,
-            WeightFormat::I8Row => Some(cols.max(1)),
+            WeightFormat::I8Row | WeightFormat::I2Plain => Some(cols.max(1)),
+            WeightFormat::I3G64 => Some(64),
             WeightFormat::I4 { group, .. } | WeightFormat::I2 { group, .. } => {
                 Some(if group == 0 {
                     cols.max(1)
@@ -127,7 +138,9 @@ impl WeightFormat {
     pub fn scale_type(self) -> Option<ScaleType> {
         match self {
             WeightFormat::F32 | WeightFormat::BF16 | WeightFormat::F16 => None,
-            WeightFormat::I8Row => Some(ScaleType::F32),
+            WeightFormat::I8Row | WeightFormat::I3G64 | WeightFormat::I2Plain => {
+                Some(ScaleType::F32)
+            }
             WeightFormat::I4 { scale, .. } | WeightFormat::I2 { scale, .. } => Some(scale),
         }
     }
@@ -153,6 +166,8 @@ impl WeightFormat {
             WeightFormat::I4 { group, .. } => format!("int4-g{group}"),
             WeightFormat::I2 { group: 0, .. } => "int2-row".into(),
             WeightFormat::I2 { group, .. } => format!("int2-g{group}"),
+            WeightFormat::I3G64 => "int3-g64".into(),
+            WeightFormat::I2Plain => "int2-plain".into(),
         }
     }
 }

@@ -174,6 +174,8 @@ fn c_layout_gives_the_same_logits_as_our_container() {
                 scale: ScaleType::F32,
             },
             WeightFormat::I8Row,
+            WeightFormat::I3G64,
+            WeightFormat::I2Plain,
         ] {
             let ours = tempfile::tempdir().unwrap();
             convert_to(&fam, ours.path(), format, WeightFormat::BF16);

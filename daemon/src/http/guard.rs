@@ -47,6 +47,8 @@ fn route_label(path: &str) -> &'static str {
         "/health" => "/health",
         "/metrics" => "/metrics",
         "/" => "/",
+        p if p.starts_with("/api/") => "/api",
+        p if p.starts_with("/assets/") => "/assets",
         _ => "other",
     }
 }
@@ -96,13 +98,18 @@ fn presented_key(headers: &HeaderMap) -> Option<&[u8]> {
     bearer.or_else(|| headers.get("x-api-key").map(|v| v.as_bytes().trim_ascii()))
 }
 
-/// 401 unless the request carries the configured key (compared in constant time).
+/// Whether a request may use the API: no key is configured, or it carries the key
+/// (compared in constant time).
+pub fn authorized(cfg: &HttpConfig, headers: &HeaderMap) -> bool {
+    match cfg.api_key.as_deref() {
+        None => true,
+        Some(key) => presented_key(headers).is_some_and(|p| bool::from(p.ct_eq(key.as_bytes()))),
+    }
+}
+
+/// 401 unless the request carries the configured key.
 pub async fn api_key(State(app): State<App>, req: Request, next: Next) -> Response {
-    let Some(key) = app.cfg.api_key.as_deref() else {
-        return next.run(req).await;
-    };
-    let ok = presented_key(req.headers()).is_some_and(|p| bool::from(p.ct_eq(key.as_bytes())));
-    if ok {
+    if authorized(&app.cfg, req.headers()) {
         return next.run(req).await;
     }
     let flavor = flavor_of(req.uri().path(), req.headers());

@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod models;
 pub mod openai;
 mod sse;
+pub mod web;
 
 use crate::daemon::{Daemon, ModelHandle};
 use crate::service::Service;
@@ -188,7 +189,7 @@ pub fn router(app: App) -> Router {
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/metrics", get(prometheus))
-        .route("/", get(dashboard))
+        .merge(web::api_routes(&app))
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             app.clone(),
@@ -196,6 +197,7 @@ pub fn router(app: App) -> Router {
         ));
     Router::new()
         .route("/health", get(health))
+        .merge(web::page_routes())
         .merge(api)
         .layer(guard::cors(&app.cfg))
         .layer(axum::middleware::from_fn_with_state(
@@ -466,48 +468,6 @@ async fn health(State(app): State<App>) -> Response {
     .into_response()
 }
 
-/// `GET /`: a plain page saying what is served and where (no script, nothing to load).
-async fn dashboard(State(app): State<App>) -> Response {
-    let esc = |s: &str| {
-        s.replace('&', "&amp;")
-            .replace('<', "&lt;")
-            .replace('>', "&gt;")
-            .replace('"', "&quot;")
-    };
-    let mut rows = String::new();
-    for (name, h) in models::listed(&app.daemon) {
-        let st = app.daemon.model_status(&h);
-        let c = st.expert_cache.clone().unwrap_or_default();
-        rows.push_str(&format!(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
-            esc(&name),
-            esc(&h.info.model_type),
-            h.info.max_context,
-            st.active_generations,
-            st.queued,
-            st.tokens_generated,
-            if c.streamed { format!("{:.1}%", c.hit_rate * 100.0) } else { "resident".into() },
-            esc(&h.id),
-        ));
-    }
-    if rows.is_empty() {
-        rows =
-            "<tr><td colspan=8>no model is loaded: <code>coli serve --model DIR</code></td></tr>"
-                .into();
-    }
-    let page = format!(
-        "<!doctype html><html><head><meta charset=utf-8><title>colibri</title>\
-         <style>body{{font-family:sans-serif;margin:2em}}td,th{{padding:.3em .8em;text-align:left}}</style></head>\
-         <body><h1>colibri {}</h1><p>OpenAI base URL <code>/v1</code>, Anthropic base URL <code>/</code>; \
-         up {:.0} s. <a href=\"/metrics\">metrics</a> &middot; <a href=\"/v1/models\">models</a></p>\
-         <table><tr><th>model</th><th>type</th><th>context</th><th>running</th><th>queued</th>\
-         <th>tokens out</th><th>expert cache hits</th><th>path</th></tr>\n{rows}</table></body></html>",
-        env!("CARGO_PKG_VERSION"),
-        app.daemon.started.elapsed().as_secs_f64(),
-    );
-    axum::response::Html(page).into_response()
-}
-
 async fn prometheus(State(app): State<App>) -> Response {
     let models: Vec<(String, pb::ModelStatus)> = models::listed(&app.daemon)
         .into_iter()
@@ -610,7 +570,8 @@ async fn not_found(uri: axum::http::Uri, headers: HeaderMap) -> ApiError {
         StatusCode::NOT_FOUND,
         format!(
             "no route {}: the API serves /v1/models, /v1/chat/completions, /v1/completions, \
-             /v1/messages, /v1/messages/count_tokens, /health and /metrics",
+             /v1/messages, /v1/messages/count_tokens, /health and /metrics; the dashboard \
+             is at /",
             uri.path()
         ),
     )

@@ -111,6 +111,9 @@ body_with_common!(ChatBody {
     tools: Option<Vec<Value>>,
     tool_choice: Option<Value>,
     response_format: Option<Value>,
+    /// colibri's extension: continue this daemon session (`messages` are then the turn's
+    /// new messages; the session remembers the earlier ones, as with gRPC Chat).
+    session_id: Option<String>,
 });
 
 #[derive(Deserialize, Debug)]
@@ -135,6 +138,8 @@ pub struct ChatCall {
     pub model: String,
     pub messages: Vec<pb::ChatMessage>,
     pub params: GenParams,
+    /// colibri's `session_id` extension; empty = none.
+    pub session_id: String,
 }
 
 #[derive(Debug, PartialEq)]
@@ -360,6 +365,7 @@ pub fn parse_chat(bytes: &[u8]) -> Result<ChatCall, ApiError> {
         model: common.model,
         messages,
         params,
+        session_id: b.session_id.take().unwrap_or_default(),
     })
 }
 
@@ -445,6 +451,26 @@ fn usage(f: &pb::generate_event::Finished) -> Value {
     })
 }
 
+/// The request's timings under llama.cpp server's names (`timings`), plus colibri's own:
+/// what a client needs to show speed without timing the stream itself.
+fn timings(f: &pb::generate_event::Finished) -> Value {
+    let s = f.stats.clone().unwrap_or_default();
+    let per_token_ms = |tps: f64| if tps > 0.0 { 1e3 / tps } else { 0.0 };
+    json!({
+        "cache_n": s.cached_tokens,
+        "prompt_n": s.prompt_tokens,
+        "prompt_per_second": s.prefill_tokens_per_second,
+        "prompt_per_token_ms": per_token_ms(s.prefill_tokens_per_second),
+        "predicted_n": s.generated_tokens,
+        "predicted_per_second": s.decode_tokens_per_second,
+        "predicted_per_token_ms": per_token_ms(s.decode_tokens_per_second),
+        "time_to_first_token_ms": s.time_to_first_token_ms,
+        "queue_ms": s.queue_ms,
+        "total_ms": s.total_ms,
+        "expert_cache_hit_rate": s.expert_cache.as_ref().map(|c| c.hit_rate),
+    })
+}
+
 fn fingerprint() -> String {
     format!("colibri-{}", env!("CARGO_PKG_VERSION"))
 }
@@ -457,7 +483,7 @@ pub async fn chat_completions(State(app): State<App>, body: Body) -> Result<Resp
         model: h.id.clone(),
         messages: call.messages,
         options: Some(call.params.options(&h)),
-        session_id: String::new(),
+        session_id: call.session_id,
     };
     let events = app
         .service
@@ -708,6 +734,7 @@ impl Translate for Chunks {
                     )
                     .expect("a chunk is JSON");
                     last["usage"] = usage(&f);
+                    last["timings"] = timings(&f);
                     frames.push(sse::data(&last));
                 }
                 frames.push("data: [DONE]\n\n".to_string());
@@ -738,7 +765,7 @@ mod tests {
             {"role":"assistant","content":null,"tool_calls":null}],
             "max_tokens":5,"max_completion_tokens":7,"temperature":0.5,"top_k":-1,"seed":-1,
             "stop":"x","stream":true,"stream_options":{"include_usage":true},"n":1,
-            "unknown_field":{"ignored":true}}"#,
+            "session_id":"s1","unknown_field":{"ignored":true}}"#,
         )
         .unwrap();
         assert_eq!(c.model, "m");
@@ -752,6 +779,7 @@ mod tests {
         assert_eq!(c.params.sampling.seed, Some(u64::MAX));
         assert_eq!(c.params.stop, ["x"]);
         assert!(c.params.stream && c.params.include_usage);
+        assert_eq!(c.session_id, "s1");
     }
 
     #[test]

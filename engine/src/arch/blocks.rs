@@ -310,7 +310,9 @@ pub struct Loader<'a> {
 
 impl<'a> Loader<'a> {
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
-        Matrix::from_tensor(self.ckpt.require(name, self.family)?, rows, cols)
+        let m = Matrix::from_tensor(self.ckpt.require(name, self.family)?, rows, cols)?;
+        self.progress.record_matrix(name, &m);
+        Ok(m)
     }
 
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
@@ -347,9 +349,20 @@ impl<'a> Loader<'a> {
         })
     }
 
-    /// A gated MLP whose three projections are `{prefix}.{gate|up|down}.weight`.
+    /// A gated MLP whose three projections are `{prefix}.{gate|up|down}.weight`, or, in the
+    /// C engine's merged expert layout, one `{prefix}.merged_weight` holding all three.
     pub fn mlp(&self, prefix: &str, names: [&str; 3], hidden: usize, inter: usize) -> Result<Mlp> {
         let [g, u, d] = names;
+        if self.ckpt.get(&format!("{prefix}.{g}.weight")).is_none() {
+            let merged = format!("{prefix}.{}", crate::container::MERGED_WEIGHT);
+            if let Some(t) = self.ckpt.get(&merged) {
+                let [gate, up, down] = crate::container::split_merged_expert(t, hidden, inter)?;
+                for m in [&gate, &up, &down] {
+                    self.progress.record_matrix(&merged, m);
+                }
+                return Ok(Mlp { gate, up, down });
+            }
+        }
         Ok(Mlp {
             gate: self.matrix(&format!("{prefix}.{g}.weight"), inter, hidden)?,
             up: self.matrix(&format!("{prefix}.{u}.weight"), inter, hidden)?,

@@ -90,12 +90,36 @@ pub fn build_mla_family(
         family: fam.name,
         progress,
     };
+    let has_indexer = |i: usize| {
+        ckpt.get(&format!("model.layers.{i}.self_attn.indexer.wq_b.weight"))
+            .is_some()
+    };
+    // Converters may leave the DSA indexer out (the C converter's main pass does; its
+    // `--indexer` pass adds it). Without it every layer attends to all causal positions,
+    // which is what the indexer selects anyway while a sequence is within `index_topk`.
+    // Partly present is a damaged checkpoint: the first missing tensor is named.
+    let dsa = match fam.dsa {
+        Some(dsa) if !(0..d.n_layers).any(has_indexer) => {
+            progress.note(format!(
+                "DSA indexer absent: dense attention; outputs differ from the reference beyond \
+                 index_topk ({}) tokens",
+                dsa.topk
+            ));
+            None
+        }
+        other => other,
+    };
     let names = ["gate_proj", "up_proj", "down_proj"];
     let layer = |i: usize, p: &str| -> Result<Layer> {
         let mut attn =
             MlaAttention::load(&ld, &format!("{p}.self_attn"), &md, rope.clone(), scale)?;
-        if let Some(dsa) = &fam.dsa {
-            if dsa.full.get(i).copied().unwrap_or(true) {
+        if let Some(dsa) = &dsa {
+            let own = dsa.full.get(i).copied().unwrap_or(true);
+            if own && i >= d.n_layers && !has_indexer(i) {
+                // An MTP layer converted without its indexer drafts with dense attention;
+                // verification keeps the output exact.
+                progress.note("MTP layer without its DSA indexer: its drafts use dense attention");
+            } else if own {
                 attn.indexer = Some(DsaIndexer::load(
                     &ld,
                     &format!("{p}.self_attn.indexer"),

@@ -6,6 +6,7 @@
 
 pub mod attention;
 pub mod blocks;
+pub mod census;
 pub mod config;
 pub mod deepseek_v3;
 pub mod dsa;
@@ -85,6 +86,12 @@ pub struct LoadHook<'a> {
     total: u64,
     done: Cell<u64>,
     layers_done: Cell<usize>,
+    /// What the load found worth telling (a missing DSA indexer, no MTP layers), once each.
+    notes: std::cell::RefCell<Vec<String>>,
+    /// Formats of the matrices loaded, per tensor class.
+    census: std::cell::RefCell<census::Census>,
+    /// `num_hidden_layers`: layers past it are MTP layers.
+    decoder_layers: Option<usize>,
 }
 
 impl<'a> LoadHook<'a> {
@@ -105,7 +112,40 @@ impl<'a> LoadHook<'a> {
             total,
             done: Cell::new(0),
             layers_done: Cell::new(0),
+            notes: Default::default(),
+            census: Default::default(),
+            decoder_layers: ckpt
+                .config
+                .get("num_hidden_layers")
+                .and_then(|v| v.as_u64())
+                .map(|v| v as usize),
         }
+    }
+
+    /// Counts a loaded matrix in the census of formats.
+    pub fn record_matrix(&self, name: &str, m: &Matrix) {
+        self.census
+            .borrow_mut()
+            .record(name, m, self.decoder_layers);
+    }
+
+    /// The formats of the matrices loaded so far, per tensor class.
+    pub fn weight_classes(&self) -> Vec<census::WeightClass> {
+        self.census.borrow().classes()
+    }
+
+    /// Records something the user should know about the loaded model (kept once).
+    pub fn note(&self, msg: impl Into<String>) {
+        let msg = msg.into();
+        let mut n = self.notes.borrow_mut();
+        if !n.contains(&msg) {
+            n.push(msg);
+        }
+    }
+
+    /// The notes recorded so far.
+    pub fn notes(&self) -> Vec<String> {
+        self.notes.borrow().clone()
     }
 
     /// Tensor bytes of the whole checkpoint.

@@ -55,6 +55,12 @@ pub fn load(
         let i = d.n_layers + k;
         let p = format!("model.layers.{i}");
         if ld.ckpt.get(&format!("{p}.eh_proj.weight")).is_none() {
+            // Converters often leave them out (the C converter writes them in a separate
+            // `--mtp` pass); the model runs without drafting.
+            ld.progress.note(format!(
+                "no MTP layers: the config announces {announced} but the checkpoint holds {k}; \
+                 speculative decoding is off"
+            ));
             break;
         }
         let opt_matrix = |name: String, rows: usize| -> Result<Option<Matrix>> {

@@ -9,9 +9,9 @@ mod quantized;
 mod safetensors_file;
 
 pub use quantized::{
-    c_layout_format, is_routed_expert, parse_container_meta, ContainerMeta, ExpertExtent,
-    QuantAttach, TensorRecord, EXPERT_ALIGN, FORMAT_VERSION, KEY_EXPERTS, KEY_TENSORS, KEY_VERSION,
-    PAD_PREFIX, SCALES_SUFFIX,
+    c_layout_format, is_routed_expert, parse_container_meta, split_merged_expert, ContainerMeta,
+    ExpertExtent, QuantAttach, TensorRecord, EXPERT_ALIGN, FORMAT_VERSION, KEY_EXPERTS,
+    KEY_TENSORS, KEY_VERSION, MERGED_WEIGHT, PAD_PREFIX, SCALES_SUFFIX,
 };
 
 pub use safetensors_file::{
@@ -118,6 +118,8 @@ pub struct Checkpoint {
     pub expert_extents: HashMap<String, (Arc<MappedFile>, ExpertExtent)>,
     /// Whether this folder is a converted container (docs/FORMAT.md).
     pub is_container: bool,
+    /// Whether it holds tensors in the colibri C layout (`name` U8/I8 + `name.qs`).
+    pub c_layout: bool,
 }
 
 impl Checkpoint {
@@ -253,9 +255,7 @@ impl Checkpoint {
             }
         }
         let is_container = container_files == Some(true);
-        if !is_container {
-            quantized::attach_c_layout(&mut tensors)?;
-        }
+        let c_layout = !is_container && quantized::attach_c_layout(&mut tensors)? > 0;
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
             config_path,
@@ -263,7 +263,19 @@ impl Checkpoint {
             tensors,
             expert_extents,
             is_container,
+            c_layout,
         })
+    }
+
+    /// What kind of folder this is, in words.
+    pub fn layout(&self) -> &'static str {
+        if self.is_container {
+            "colibri container"
+        } else if self.c_layout {
+            "colibri C layout (U8 + .qs scales)"
+        } else {
+            "Hub checkpoint"
+        }
     }
 
     pub fn get(&self, name: &str) -> Option<&TensorRef> {

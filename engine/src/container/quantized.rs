@@ -33,7 +33,7 @@ pub const PAD_PREFIX: &str = "__pad.";
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TensorRecord {
-    /// "f32", "bf16", "f16", "int8", "int4", "int2".
+    /// "f32", "bf16", "f16", "int8", "int4", "int2", "int3" (groups of 64), "int2-plain".
     pub format: String,
     /// Elements per scale; 0 = one scale per row. Absent for unscaled formats.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -54,6 +54,8 @@ impl TensorRecord {
             WeightFormat::I8Row => ("int8", Some(0), Some(ScaleType::F32)),
             WeightFormat::I4 { group, scale } => ("int4", Some(group), Some(scale)),
             WeightFormat::I2 { group, scale } => ("int2", Some(group), Some(scale)),
+            WeightFormat::I3G64 => ("int3", Some(64), Some(ScaleType::F32)),
+            WeightFormat::I2Plain => ("int2-plain", Some(0), Some(ScaleType::F32)),
         };
         TensorRecord {
             format: f.into(),
@@ -102,6 +104,24 @@ impl TensorRecord {
                 group: group()?,
                 scale: scale()?,
             },
+            "int3" => {
+                if group()? != 64 || scale()? != ScaleType::F32 {
+                    return Err(
+                        "int3 is in groups of 64 with f32 scales (group_size 64, scale_dtype f32)"
+                            .into(),
+                    );
+                }
+                WeightFormat::I3G64
+            }
+            "int2-plain" => {
+                if group()? != 0 || scale()? != ScaleType::F32 {
+                    return Err(
+                        "int2-plain is per row with f32 scales (group_size 0, scale_dtype f32)"
+                            .into(),
+                    );
+                }
+                WeightFormat::I2Plain
+            }
             o => return Err(format!("unknown format '{o}'")),
         };
         if f.is_quantized() && self.shape.len() != 2 {
@@ -267,56 +287,201 @@ impl QuantAttach {
     }
 }
 
-/// The C layout's format from byte and scale counts for a `[rows, cols]` matrix: int8 per
-/// row (rows·cols bytes, rows scales), int4 per row (rows·cols/2 bytes, rows scales), int4
-/// grouped (rows·cols/2 bytes, rows·ceil(cols/gs) scales).
+/// Group sizes the C engine tries for grouped int4, finest first (its `detect_group_size`):
+/// a C container that loads there is read the same way here.
+const C_GROUP_CANDIDATES: [usize; 8] = [16, 32, 48, 64, 96, 128, 192, 256];
+
+/// The C layout's format for a `[rows, cols]` matrix from its byte and f32 scale counts, as
+/// the C engine decides it (`qt_resolve_fmt`): int8 rows (`rows·cols` bytes, `rows` scales),
+/// int4 rows (`rows·⌈cols/2⌉`, `rows`), int4 grouped (`rows·⌈cols/2⌉`, `rows·⌈cols/gs⌉`),
+/// int2 rows (`rows·⌈cols/4⌉`, `rows`), int3 in groups of 64 (`rows·⌈cols/64⌉·24`,
+/// `rows·⌈cols/64⌉`). Where two layouts have the same byte count (tiny shapes) the earlier
+/// one wins, as in the C engine. The E8/IQ3 lattice and the FP8 passthrough are refused by
+/// name.
 pub fn c_layout_format(
     bytes: usize,
     scales: usize,
     rows: usize,
     cols: usize,
 ) -> std::result::Result<WeightFormat, String> {
-    let numel = rows.checked_mul(cols).ok_or("shape overflows")?;
     if rows == 0 || cols == 0 {
         return Err("empty matrix".into());
     }
-    if bytes == numel {
-        if scales != rows {
-            return Err(format!(
-                "int8 per-row layout needs {rows} scales, found {scales}"
-            ));
+    let numel = rows.checked_mul(cols).ok_or("shape overflows")?;
+    let per = |bytes_per_row: usize| rows.checked_mul(bytes_per_row);
+    let (i8b, i4b, i2b) = (Some(numel), per(cols.div_ceil(2)), per(cols.div_ceil(4)));
+    let i3b = cols.div_ceil(64).checked_mul(24).and_then(per);
+    let e8b = cols.div_ceil(256).checked_mul(98).and_then(per);
+    // E8/IQ3 keeps its scales inside its blocks; its `.qs` is a single tag value.
+    if scales == 1 && e8b == Some(bytes) {
+        return Err(format!(
+            "E8/IQ3 lattice format (the C engine's fmt=6: {bytes} bytes, 98 per 256 weights of \
+             rotated rows) is not supported; convert this tensor to int4 or int3 (the C \
+             converter's --xbits 4 or 3) or with coli convert"
+        ));
+    }
+    let fp8_scales = rows.div_ceil(128).checked_mul(cols.div_ceil(128));
+    if bytes == numel && scales != rows && fp8_scales == Some(scales) {
+        return Err(format!(
+            "FP8 e4m3 passthrough (the C engine's fmt=8: one byte per weight, {scales} \
+             128×128 block scales) is not supported in the C layout; convert the FP8 \
+             checkpoint with coli convert instead"
+        ));
+    }
+    let need = |fmt: &str, want: usize| -> std::result::Result<(), String> {
+        if scales == want {
+            Ok(())
+        } else {
+            Err(format!(
+                "{fmt} layout of [{rows}, {cols}] needs {want} scales, found {scales}"
+            ))
         }
+    };
+    if i8b == Some(bytes) {
+        need("int8 per-row", rows)?;
         return Ok(WeightFormat::I8Row);
     }
-    if cols.is_multiple_of(2) && bytes == numel / 2 {
+    if i4b == Some(bytes) {
         if scales == rows {
             return Ok(WeightFormat::I4 {
                 group: 0,
                 scale: ScaleType::F32,
             });
         }
-        if !scales.is_multiple_of(rows) {
-            return Err(format!(
-                "{scales} int4 scales is not a whole number per row ({rows} rows)"
-            ));
-        }
-        let per_row = scales / rows;
-        for gs in [32usize, 64, 128, 256, 512, 1024] {
-            if cols.div_ceil(gs) == per_row {
-                return Ok(WeightFormat::I4 {
-                    group: gs as u32,
-                    scale: ScaleType::F32,
-                });
-            }
-        }
+        return c_int4_group(scales, rows, cols).map(|g| WeightFormat::I4 {
+            group: g as u32,
+            scale: ScaleType::F32,
+        });
+    }
+    if i2b == Some(bytes) {
+        need("int2 per-row", rows)?;
+        return Ok(WeightFormat::I2Plain);
+    }
+    if i3b == Some(bytes) {
+        need("int3-g64", rows * cols.div_ceil(64))?;
+        return Ok(WeightFormat::I3G64);
+    }
+    let show = |b: Option<usize>| b.map_or("-".to_string(), |b| b.to_string());
+    Err(format!(
+        "{bytes} bytes match no layout for [{rows}, {cols}] (int8 needs {numel}, int4 {}, \
+         int2 {}, int3-g64 {})",
+        show(i4b),
+        show(i2b),
+        show(i3b)
+    ))
+}
+
+/// The group size of a grouped int4 tensor with `scales` scales: the C engine's choice when
+/// one of its candidates fits, else the only size that gives `scales / rows` groups per row
+/// (any group size a converter may have used); several possible sizes are refused.
+fn c_int4_group(scales: usize, rows: usize, cols: usize) -> std::result::Result<usize, String> {
+    if !scales.is_multiple_of(rows) || scales / rows < 2 {
         return Err(format!(
-            "{per_row} int4 scales per row of {cols} elements match no group size of 32..1024"
+            "{scales} int4 scales is not a whole number of groups per row ({rows} rows)"
         ));
     }
-    Err(format!(
-        "{bytes} bytes match no layout for [{rows}, {cols}] (int8 needs {numel}, int4 needs {})",
-        numel / 2
-    ))
+    let n = scales / rows;
+    if let Some(g) = C_GROUP_CANDIDATES
+        .iter()
+        .copied()
+        .find(|&g| g <= cols && cols.div_ceil(g) == n)
+    {
+        return Ok(g);
+    }
+    // ⌈cols/g⌉ = n  ⇔  ⌈cols/n⌉ ≤ g ≤ (cols − 1)/(n − 1).
+    let (lo, hi) = (cols.div_ceil(n), (cols - 1) / (n - 1));
+    match lo.cmp(&hi) {
+        std::cmp::Ordering::Equal => Ok(lo),
+        std::cmp::Ordering::Less => Err(format!(
+            "{n} int4 scales per row of {cols} elements fit every group size from {lo} to {hi}; \
+             the layout is ambiguous"
+        )),
+        std::cmp::Ordering::Greater => Err(format!(
+            "{n} int4 scales per row of {cols} elements match no group size"
+        )),
+    }
+}
+
+/// Name of the merged expert tensor of the C OLMoE layout: `…experts.E.merged_weight`
+/// holds the gate, up and down rows (int8) back to back, `…experts.E.qs` their row scales.
+pub const MERGED_WEIGHT: &str = "merged_weight";
+
+/// Splits one merged expert (`{prefix}.merged_weight`, with its scales attached) into its
+/// gate `[inter, hidden]`, up `[inter, hidden]` and down `[hidden, inter]` matrices. The
+/// weights stay in the memory map (one contiguous range: a streamed expert is one read);
+/// the scales (0.4% of the bytes) are copied into RAM so they need no read of their own.
+pub fn split_merged_expert(
+    t: &TensorRef,
+    hidden: usize,
+    inter: usize,
+) -> Result<[crate::tensor::Matrix; 3]> {
+    use crate::tensor::Matrix;
+    let mat = inter
+        .checked_mul(hidden)
+        .ok_or_else(|| t.bad("expert shape overflows"))?;
+    let bytes = t.end - t.start;
+    let (format, elem) = match (t.dtype, &t.quant) {
+        (DType::U8 | DType::I8, Some(q)) => {
+            let want_s = 2 * inter + hidden;
+            if bytes == 3 * mat && q.scale_count == want_s {
+                (WeightFormat::I8Row, 1)
+            } else if bytes == 3 * mat && q.scale_count != want_s {
+                return Err(t.bad(format!(
+                    "merged int8 expert needs {want_s} row scales (gate {inter}, up {inter}, \
+                     down {hidden}), found {}",
+                    q.scale_count
+                )));
+            } else if 2 * bytes == 3 * mat {
+                return Err(t.bad(
+                    "merged experts packed as int4 (the C qwen36 layout) are not supported; \
+                     only the int8 merged layout of the C OLMoE converter is",
+                ));
+            } else {
+                return Err(t.bad(format!(
+                    "{bytes} bytes are not a merged int8 expert of [{inter}, {hidden}] \
+                     (3 × {mat} bytes)"
+                )));
+            }
+        }
+        (DType::BF16, None) => (WeightFormat::BF16, 2),
+        (DType::F16, None) => (WeightFormat::F16, 2),
+        (dt, _) => {
+            return Err(t.bad(format!(
+                "a merged expert is int8 with '.qs' scales, bf16 or f16, not {}",
+                dt.name()
+            )))
+        }
+    };
+    if bytes != 3 * mat * elem {
+        return Err(t.bad(format!(
+            "{bytes} bytes are not a merged {} expert of [{inter}, {hidden}]",
+            format.name()
+        )));
+    }
+    let scales = t
+        .quant
+        .as_ref()
+        .and_then(|q| q.scales.as_ref())
+        .map(|s| s.bytes().to_vec());
+    let part = |k: usize, rows: usize, cols: usize, s0: usize| -> Result<Matrix> {
+        let data = Blob::Mapped {
+            file: t.file.clone(),
+            start: t.start + k * mat * elem,
+            end: t.start + (k + 1) * mat * elem,
+        };
+        let sc = scales
+            .as_ref()
+            .map(|s| Blob::Owned(std::sync::Arc::new(s[4 * s0..4 * (s0 + rows)].to_vec())));
+        let mut m = Matrix::quantized(rows, cols, format, data, sc).map_err(|m| t.bad(m))?;
+        m.int8_act =
+            crate::kernels::int8_act_for(format) && crate::kernels::q8_supported(format, cols);
+        Ok(m)
+    };
+    Ok([
+        part(0, inter, hidden, 0)?,
+        part(1, inter, hidden, inter)?,
+        part(2, hidden, inter, 2 * inter)?,
+    ])
 }
 
 /// Whether a tensor name belongs to a routed expert (`...experts.<index>....`).
@@ -475,21 +640,26 @@ fn is_scales_of_record(name: &str, meta: &ContainerMeta) -> bool {
         .is_some_and(|f| f.is_quantized())
 }
 
-/// Attaches the C layout to a plain checkpoint's tensors: each U8 tensor with an F32
-/// `name.qs` becomes quantized (its format decided at load time from the config's shape).
-/// A U8 tensor without scales, or scales of another dtype, is an error.
-pub(super) fn attach_c_layout(tensors: &mut HashMap<String, TensorRef>) -> Result<()> {
+/// Attaches the C layout to a plain checkpoint's tensors: each U8 (or I8) tensor with an
+/// F32 `name.qs` becomes quantized (its format decided at load time from the config's
+/// shape); a merged expert `…experts.E.merged_weight` takes `…experts.E.qs`. A U8/I8 tensor
+/// without scales, or scales of another dtype, is an error. Returns how many were attached.
+pub(super) fn attach_c_layout(tensors: &mut HashMap<String, TensorRef>) -> Result<usize> {
     let names: Vec<String> = tensors
         .iter()
-        .filter(|(_, t)| t.dtype == DType::U8)
+        .filter(|(_, t)| matches!(t.dtype, DType::U8 | DType::I8))
         .map(|(n, _)| n.clone())
         .collect();
-    for name in names {
-        let sname = format!("{name}{SCALES_SUFFIX}");
-        let t = &tensors[&name];
+    for name in &names {
+        let sname = match name.strip_suffix(&format!(".{MERGED_WEIGHT}")) {
+            Some(prefix) => format!("{prefix}{SCALES_SUFFIX}"),
+            None => format!("{name}{SCALES_SUFFIX}"),
+        };
+        let t = &tensors[name];
         let Some(s) = tensors.get(&sname) else {
             return Err(t.bad(format!(
-                "U8 tensor without its scales '{sname}' (colibri C layout)"
+                "{} tensor without its scales '{sname}' (colibri C layout)",
+                t.dtype.name()
             )));
         };
         if s.dtype != DType::F32 {
@@ -507,11 +677,11 @@ pub(super) fn attach_c_layout(tensors: &mut HashMap<String, TensorRef>) -> Resul
                 end: s.end,
             }),
             scale_count: s.numel(),
-            routed_expert: is_routed_expert(&name).is_some(),
+            routed_expert: is_routed_expert(name).is_some(),
         };
-        tensors.get_mut(&name).expect("listed above").quant = Some(std::sync::Arc::new(attach));
+        tensors.get_mut(name).expect("listed above").quant = Some(std::sync::Arc::new(attach));
     }
-    Ok(())
+    Ok(names.len())
 }
 
 #[cfg(test)]
@@ -540,27 +710,40 @@ mod tests {
 
     #[test]
     fn c_layout_is_decided_by_counts_or_refused() {
+        let i4 = |group| WeightFormat::I4 {
+            group,
+            scale: ScaleType::F32,
+        };
         assert_eq!(
             c_layout_format(64 * 128, 64, 64, 128),
             Ok(WeightFormat::I8Row)
         );
+        assert_eq!(c_layout_format(64 * 64, 64, 64, 128), Ok(i4(0)));
+        // The C engine's finest fitting candidate: 2 groups of 128 columns is gs 64.
+        assert_eq!(c_layout_format(64 * 64, 128, 64, 128), Ok(i4(64)));
+        assert_eq!(c_layout_format(4 * 50, 8, 4, 100), Ok(i4(64)));
+        // Not a C candidate but the only size giving 62 groups of a 6144-column row.
+        assert_eq!(c_layout_format(2 * 3072, 124, 2, 6144), Ok(i4(100)));
+        let e = c_layout_format(2 * 500, 6, 2, 1000).unwrap_err();
+        assert!(e.contains("ambiguous"), "{e}");
         assert_eq!(
-            c_layout_format(64 * 64, 64, 64, 128),
-            Ok(WeightFormat::I4 {
-                group: 0,
-                scale: ScaleType::F32
-            })
+            c_layout_format(64 * 32, 64, 64, 128),
+            Ok(WeightFormat::I2Plain)
         );
         assert_eq!(
-            c_layout_format(64 * 64, 128, 64, 128),
-            Ok(WeightFormat::I4 {
-                group: 64,
-                scale: ScaleType::F32
-            })
+            c_layout_format(64 * 3 * 24, 64 * 3, 64, 150),
+            Ok(WeightFormat::I3G64)
         );
+        assert!(c_layout_format(64 * 3 * 24, 64, 64, 150).is_err());
+        let e = c_layout_format(4 * 98 * 2, 1, 4, 512).unwrap_err();
+        assert!(e.contains("E8/IQ3"), "{e}");
+        let e = c_layout_format(256 * 256, 4, 256, 256).unwrap_err();
+        assert!(e.contains("FP8"), "{e}");
         assert!(c_layout_format(64 * 64, 65, 64, 128).is_err());
         assert!(c_layout_format(100, 64, 64, 128).is_err());
         assert!(c_layout_format(64 * 128, 63, 64, 128).is_err());
+        assert!(c_layout_format(usize::MAX, 7, usize::MAX / 2, 3).is_err());
+        assert!(c_layout_format(10, 5, 5, 1 << 62).is_err());
     }
 
     #[test]

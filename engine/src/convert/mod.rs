@@ -36,8 +36,9 @@ pub struct ConvertOptions {
     pub dense: WeightFormat,
 }
 
-/// Parses a format name of the command line: `int8`, `int4`, `int2`, `bf16` (`f16`, `f32`)
-/// with the group size for int4/int2 (0 = one scale per row).
+/// Parses a format name of the command line: `int8`, `int4`, `int3`, `int2`, `bf16` (`f16`,
+/// `f32`) with the group size for int4/int2 (0 = one scale per row; int3 is always in groups
+/// of 64).
 pub fn parse_format(name: &str, group: u32) -> Result<WeightFormat> {
     if group != 0 && !group.is_multiple_of(32) {
         return Err(Error::invalid(
@@ -63,13 +64,15 @@ pub fn parse_format(name: &str, group: u32) -> Result<WeightFormat> {
                 ScaleType::F16
             },
         },
+        // The C engine's int3: groups of 64 with f32 scales, whatever --group-size says.
+        "int3" => WeightFormat::I3G64,
         "bf16" => WeightFormat::BF16,
         "f16" => WeightFormat::F16,
         "f32" => WeightFormat::F32,
         o => {
             return Err(Error::invalid(
                 "format",
-                format!("'{o}' is not one of int8, int4, int2, bf16"),
+                format!("'{o}' is not one of int8, int4, int3, int2, bf16"),
             ))
         }
     })
@@ -169,7 +172,12 @@ pub fn plan(ckpt: &Checkpoint, opts: &ConvertOptions) -> Result<Vec<PlannedPart>
         let matrix = t.shape.len() == 2 && name.ends_with(".weight");
         let format = if matrix && is_routed_expert(name).is_some() {
             match opts.experts {
-                WeightFormat::I4 { .. } | WeightFormat::I2 { .. } if is_mtp(name) => {
+                WeightFormat::I4 { .. }
+                | WeightFormat::I2 { .. }
+                | WeightFormat::I3G64
+                | WeightFormat::I2Plain
+                    if is_mtp(name) =>
+                {
                     WeightFormat::I8Row
                 }
                 f => f,

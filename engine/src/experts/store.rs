@@ -953,6 +953,17 @@ impl ExpertStore {
         lock(&self.shared.state).slots.contains_key(&key)
     }
 
+    /// Every expert the cache holds now, with whether its bytes are ready (false: a read is
+    /// in flight), in no particular order. For a live view of the cache (`coli web`); one
+    /// pass over the entries under the state lock.
+    pub fn residency(&self) -> Vec<(Key, bool)> {
+        lock(&self.shared.state)
+            .slots
+            .iter()
+            .map(|(k, s)| (*k, matches!(s, Slot::Ready(_))))
+            .collect()
+    }
+
     /// A copy of the usage histogram (earlier runs plus this one).
     pub fn histogram(&self) -> UsageHistogram {
         lock(&self.shared.state).hist.clone()
@@ -1455,6 +1466,28 @@ mod tests {
             ReadPlan::new(&spec, &[2 << 20, 100]).is_err(),
             "past the end of file 1"
         );
+    }
+
+    /// `residency` lists exactly the experts the cache holds, ready once their reads are
+    /// done, and drops an evicted one.
+    #[test]
+    fn residency_lists_what_the_cache_holds() {
+        let dir = test_dir();
+        let (sp, len) = specs(2, 3, 3000);
+        let path = make_file(dir.path(), len);
+        let st = open(&path, &sp, 2, false, 1, "lru", UsageHistogram::new(2, 3));
+        assert!(st.residency().is_empty());
+        st.get(Key::new(0, 1)).unwrap();
+        st.get(Key::new(1, 2)).unwrap();
+        let mut r = st.residency();
+        r.sort();
+        assert_eq!(r, vec![(Key::new(0, 1), true), (Key::new(1, 2), true)]);
+        // A third expert evicts the least recently used one (L0/E1).
+        st.get(Key::new(1, 0)).unwrap();
+        let mut r = st.residency();
+        r.sort();
+        assert_eq!(r, vec![(Key::new(1, 0), true), (Key::new(1, 2), true)]);
+        assert_eq!(st.stats().resident_experts, r.len());
     }
 
     /// Every policy, both I/O modes and several reader counts return the right bytes, and

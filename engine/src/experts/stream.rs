@@ -220,8 +220,14 @@ fn matrices(m: &Mlp) -> [&Matrix; 3] {
     [&m.gate, &m.up, &m.down]
 }
 
-/// The expert's matrices pointing into `buf` (parts: each matrix's data, then its scales
-/// when it has some, gate, up, down).
+/// The blobs of an expert that are read from disk: each matrix's data, then its scales
+/// unless they are held in RAM (a merged expert's, see `container::split_merged_expert`).
+fn streamed_blobs(m: &Matrix) -> impl Iterator<Item = &Blob> {
+    std::iter::once(&m.data).chain(m.scales.as_ref().filter(|s| !matches!(s, Blob::Owned(_))))
+}
+
+/// The expert's matrices pointing into `buf` (parts: each matrix's streamed blobs, gate, up,
+/// down); scales held in RAM stay as they are.
 fn rebind(t: &Mlp, buf: &Arc<ExpertBuf>) -> Mlp {
     let mut i = 0;
     let mut next = |b: &Blob| {
@@ -236,7 +242,10 @@ fn rebind(t: &Mlp, buf: &Arc<ExpertBuf>) -> Mlp {
     };
     let mut one = |m: &Matrix| {
         let data = next(&m.data);
-        let scales = m.scales.as_ref().map(&mut next);
+        let scales = m.scales.as_ref().map(|s| match s {
+            Blob::Owned(_) => s.clone(),
+            _ => next(s),
+        });
         Matrix {
             data,
             scales,
@@ -259,7 +268,7 @@ fn spec_of(
 ) -> Result<ExpertSpec> {
     let mut parts = Vec::new();
     for mat in matrices(m) {
-        for b in std::iter::once(&mat.data).chain(mat.scales.as_ref()) {
+        for b in streamed_blobs(mat) {
             let Blob::Mapped { file, start, end } = b else {
                 return Err(Error::invalid(
                     "experts",

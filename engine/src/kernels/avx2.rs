@@ -69,6 +69,8 @@ pub unsafe fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) 
                 dot_i2(w, scales, scale, g, act)
             }
         }
+        // `kernels::dot_act` sends the C engine's formats to `lowbit` before this.
+        WeightFormat::I3G64 | WeightFormat::I2Plain => scalar::dot(format, w, scales, &act.x),
     }
 }
 

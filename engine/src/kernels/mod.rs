@@ -7,6 +7,7 @@
 //! shuffles), with per-block sums precomputed, and optionally quantized to int8 per
 //! 32-element block for integer dot products.
 
+pub mod lowbit;
 pub mod scalar;
 
 #[cfg(target_arch = "x86_64")]
@@ -131,7 +132,13 @@ pub fn int8_act_for(format: WeightFormat) -> bool {
     match int8_act_mode() {
         Int8Act::Off => false,
         Int8Act::All => format.is_quantized(),
-        Int8Act::SubByte => matches!(format, WeightFormat::I4 { .. } | WeightFormat::I2 { .. }),
+        Int8Act::SubByte => matches!(
+            format,
+            WeightFormat::I4 { .. }
+                | WeightFormat::I2 { .. }
+                | WeightFormat::I3G64
+                | WeightFormat::I2Plain
+        ),
     }
 }
 
@@ -153,7 +160,8 @@ pub struct Q8Act {
     pub d: Vec<f32>,
     /// `sum(q)` per block (the offset correction of the int4/int2 codes).
     pub qsum: Vec<i32>,
-    /// int4 SIMD order: per pair of full blocks A, B: `[A even | B even | A odd | B odd]`.
+    /// int4 SIMD order: per pair of full blocks A, B: `[A even | B even | A odd | B odd]`
+    /// (int3-g64 and int2-plain have their own order, see `lowbit::order_q8`).
     pub qp: Vec<i8>,
     /// int4 SIMD: per pair, the block scales as the 8 lanes of the pair's sums `[dA×4, dB×4]`.
     pub d8: Vec<f32>,
@@ -232,10 +240,20 @@ pub fn prepare(format: WeightFormat, x: &[f32], int8: bool) -> Act {
         ..Default::default()
     };
     if int8 && q8_supported(format, cols) {
-        act.q8 = Some(quantize_act(x, matches!(format, WeightFormat::I4 { .. })));
+        let mut q = quantize_act(x, matches!(format, WeightFormat::I4 { .. }));
+        if matches!(format, WeightFormat::I3G64 | WeightFormat::I2Plain) {
+            lowbit::order_q8(format, &mut q);
+        }
+        act.q8 = Some(q);
         return act;
     }
-    if matches!(format, WeightFormat::I4 { .. } | WeightFormat::I2 { .. }) {
+    if matches!(
+        format,
+        WeightFormat::I4 { .. }
+            | WeightFormat::I2 { .. }
+            | WeightFormat::I3G64
+            | WeightFormat::I2Plain
+    ) {
         act.bsum = (0..full)
             .map(|b| x[b * QBLOCK..(b + 1) * QBLOCK].iter().sum())
             .collect();
@@ -259,6 +277,9 @@ pub fn prepare(format: WeightFormat, x: &[f32], int8: bool) -> Act {
 /// `dot(row, act)` for one weight row in `format` with its scales, on the fastest path.
 #[inline]
 pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 {
+    if matches!(format, WeightFormat::I3G64 | WeightFormat::I2Plain) {
+        return lowbit::dot_act(format, w, scales, act);
+    }
     match level() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: Level::Avx2 is only chosen when avx2, fma and f16c are detected.

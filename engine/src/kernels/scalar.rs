@@ -72,6 +72,8 @@ fn elem(format: WeightFormat, w: &[u8], j: usize, cols: usize) -> f32 {
         WeightFormat::I8Row => w[j] as i8 as f32,
         WeightFormat::I4 { .. } => i4_code(w, j) as f32 - 8.0,
         WeightFormat::I2 { .. } => i2_code(w, j, cols) as f32 - 1.5,
+        WeightFormat::I3G64 => super::lowbit::i3_code(w, j) as f32 - 4.0,
+        WeightFormat::I2Plain => super::lowbit::i2p_code(w, j) as f32 - 2.0,
     }
 }
 
@@ -161,6 +163,12 @@ pub fn dot_q8_blocks(
             // (c - 1.5) * q summed as (2c - 3) * q / 2, exact in integers.
             WeightFormat::I2 { .. } => r
                 .map(|j| (2 * i2_code(w, j, cols) as i32 - 3) * a.q[j] as i32)
+                .sum(),
+            WeightFormat::I3G64 => r
+                .map(|j| (super::lowbit::i3_code(w, j) as i32 - 4) * a.q[j] as i32)
+                .sum(),
+            WeightFormat::I2Plain => r
+                .map(|j| (super::lowbit::i2p_code(w, j) as i32 - 2) * a.q[j] as i32)
                 .sum(),
             _ => unreachable!("dot_q8 is only called for quantized formats"),
         };

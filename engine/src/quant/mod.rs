@@ -5,6 +5,7 @@
 //! same bytes on every machine and thread count, which the resumable converter relies on.
 
 pub mod eval;
+pub mod lowbit;
 
 use crate::kernels::QBLOCK;
 use crate::tensor::{ScaleType, WeightFormat};
@@ -187,6 +188,8 @@ pub fn quantize_row(format: WeightFormat, row: &[f32], data: &mut Vec<u8>, scale
                 pack_i2(&codes, data)
             }
         }
+        WeightFormat::I3G64 => lowbit::quantize_row_i3(row, data, scales),
+        WeightFormat::I2Plain => lowbit::quantize_row_i2_plain(row, data, scales),
     }
 }
 

@@ -3,10 +3,12 @@
 //! ids gathered from every file that declares them, generation_config defaults, and the
 //! streaming helpers: [`IncrementalDecoder`] and [`StopMatcher`].
 
+mod bounded;
 mod detok;
 mod stop;
 mod template;
 
+pub use bounded::TokenBound;
 pub use detok::IncrementalDecoder;
 pub use stop::StopMatcher;
 pub use template::ChatTemplate;
@@ -68,6 +70,8 @@ pub struct Text {
     special_tokens: BTreeMap<String, String>,
     template: TemplateState,
     generation_defaults: GenerationDefaults,
+    /// What a text can cost, for refusing one that cannot fit before tokenizing it.
+    bound: TokenBound,
 }
 
 /// The special-token entries of tokenizer_config.json that transformers passes to templates.
@@ -87,8 +91,15 @@ impl Text {
     /// config.json (its eos/bos ids count too).
     pub fn load(dir: &Path, config: &Value) -> Result<Text> {
         let tokenizer_path = dir.join("tokenizer.json");
-        let tokenizer = tokenizers::Tokenizer::from_file(&tokenizer_path)
+        let mut tokenizer = tokenizers::Tokenizer::from_file(&tokenizer_path)
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", tokenizer_path.display())))?;
+        // A tokenizer.json may ask for truncation or padding (saved from a training setup):
+        // prompts are never silently cut, and ids are never padded.
+        tokenizer
+            .with_truncation(None)
+            .map_err(|e| Error::Tokenizer(format!("{}: {e}", tokenizer_path.display())))?;
+        tokenizer.with_padding(None);
+        let bound = TokenBound::of(&tokenizer);
         let tok_cfg = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
         let gen_cfg = read_json(&dir.join("generation_config.json"))?.unwrap_or(Value::Null);
 
@@ -138,6 +149,7 @@ impl Text {
             special_tokens,
             template,
             generation_defaults: GenerationDefaults::from_json(&gen_cfg),
+            bound,
         })
     }
 

@@ -11,9 +11,12 @@ measurement of record), kept so the bounds below can be reproduced:
     standing in for the next layers' routers), at recall R;
   - a learned eviction score (tokens since last use x short and long decayed counts, the
     probability of a use within H tokens estimated online);
-  - the routing weight as the size of a use.
+  - the routing weight as the size of a use;
+  - per-layer capacity quotas (even split, or in proportion to each layer's recent distinct
+    experts) instead of one global pool, and a half-life chosen per layer by the ghosts.
 
     /work/pyenv/bin/python tools/streaming/policy_lab.py TRACE.json [TRACE.json ...]
+    LAB_ONLY='per-layer' ...    # only the experiments whose label contains this text
 
 Each row: bytes per token / Belady's at 10%, 25%, 40% of the experts, per trace, and the
 worst of them. Needs numpy.
@@ -359,6 +362,63 @@ class LRFUw(LRFUx):
         self.v[g] = self.v[g] * 2**(-(tok - self.t[g])/self.h) + self.a + self.b * w; self.t[g] = tok
 
 
+class PerLayer(LRFUx):
+    """LRFU + admission inside per-layer quotas: a layer at or over its quota evicts its own
+    coldest expert, one under it takes the coldest of a layer over quota. Quotas: an even split
+    (`mode='even'`), or in proportion to the distinct experts each layer used over the last
+    `win` tokens (`mode='distinct'`), recomputed every token."""
+    def __init__(self, h=16, mode='even', win=16):
+        super().__init__(h); self.mode = mode; self.win = win
+    def reset(self, tr, cap):
+        super().reset(tr, cap); self.cap = cap
+        self.quota = np.full(self.L, cap / self.L)
+        self.last = np.full(self.G, -1e9); self.lt = -1
+    def begin_step(self, s, tok, rows):
+        if self.mode == 'distinct' and tok != self.lt:
+            self.lt = tok
+            recent = (tok - self.last) <= self.win
+            d = recent.reshape(self.L, self.E).sum(1).astype(float) + 1.0
+            self.quota = self.cap * d / d.sum()
+    def touch(self, g, tok, rows, w, hit):
+        super().touch(g, tok, rows, w, hit); self.last[g] = tok
+    def score(self, idx, tok, l):
+        sc = super().score(idx, tok, l).astype(float)
+        lay = idx // self.E
+        n = np.bincount(lay, minlength=self.L)
+        if n[l] >= self.quota[l]:
+            sc[lay != l] += 1e9
+        else:
+            sc[n[lay] <= self.quota[lay]] += 1e9
+        return sc
+    def admit(self, g, tok, vs, l):
+        return super().admit(g, tok, vs, l)
+
+class AdaptivePerLayer(Adaptive):
+    """Adaptive, but each layer follows the half-life whose ghost missed least on that layer's
+    requests (the ghosts are still global caches)."""
+    def reset(self, tr, cap):
+        super().reset(tr, cap)
+        self.lmiss = np.zeros((self.L, len(self.hs))); self.lcur = np.full(self.L, self.cur)
+    def begin_step(self, s, tok, rows):
+        if tok != self.lt:
+            self.lmiss *= 2**(-(tok - self.lt)/self.win)
+            self.lt = tok
+            self.lcur = np.argmin(self.lmiss, axis=1)
+    def touch(self, g, tok, rows, w, hit):
+        l = g // self.E
+        for i, s_ in enumerate(self.sh):
+            if not s_.access(g, tok): self.lmiss[l, i] += 1
+        hs = np.array(self.hs, float)
+        self.v[:, g] = self.v[:, g] * 2**(-(tok - self.t[g])/hs) + 1; self.t[g] = tok
+    def score(self, idx, tok, l):
+        c = self.lcur[idx // self.E]
+        h = np.array(self.hs, float)[c]
+        return self.v[c, idx] * 2**(-(tok - self.t[idx])/h)
+    def admit(self, g, tok, vs, l):
+        c = self.lcur[g // self.E]
+        return (not self.ad) or self.v[c, g] > vs
+
+
 EXPERIMENTS = [
     ("lrfu:16 (plain)", lambda: LRFUx(16, admit=False)),
     ("lrfu:4 + admission", lambda: LRFUx(4)),
@@ -369,6 +429,9 @@ EXPERIMENTS = [
     ("adaptive, no admission", lambda: Adaptive(win=8, admit=False)),
     ("lrfu:16 + admission, weight-sized uses", lambda: LRFUw(16, 0.5, 1.0)),
     ("lrfu:16 + admission, prefill uses = rows", lambda: LRFUx(16, rows_w=True)),
+    ("per-layer quotas, even split (lrfu:16 + adm.)", lambda: PerLayer(16, 'even')),
+    ("per-layer quotas ~ distinct experts, 16 tokens", lambda: PerLayer(16, 'distinct', 16)),
+    ("adaptive, half-life chosen per layer", lambda: AdaptivePerLayer(win=8)),
     ("learned P(use within 2 tokens)", lambda: Feat("online", 2)),
     ("protect next 1 layer visit (oracle, recall 1)", lambda: Protect(LRFU(16), 1)),
     ("protect next 1 layer visit (recall 0.8)", lambda: Protect(LRFU(16), 1, 0.8)),
@@ -395,7 +458,11 @@ def main():
             bel[(i, c)] = belady_misses(k, c) / tr["tokens"]
     print("traces: " + ", ".join(f"{tr['t']['model']} ({tr['tokens']} tokens)" for tr in trs))
     print("each: 10% 25% 40%; bytes per token / Belady's")
+    import os
+    only = os.environ.get("LAB_ONLY")
     for label, mk in EXPERIMENTS:
+        if only and only not in label:
+            continue
         t0 = time.time()
         vals = []
         for i, tr in enumerate(trs):

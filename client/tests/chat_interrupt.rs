@@ -129,6 +129,24 @@ impl Chat {
     }
 }
 
+/// Stops the daemon that `coli chat` started for the test, when the test ends (even on
+/// failure): an auto-started daemon is detached and would outlive the test.
+struct StopDaemon {
+    socket: PathBuf,
+    state: PathBuf,
+}
+
+impl Drop for StopDaemon {
+    fn drop(&mut self) {
+        let _ = Command::new(env!("CARGO_BIN_EXE_coli"))
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(["stop", "--timeout", "30"])
+            .env("COLIBRI_STATE_DIR", &self.state)
+            .output();
+    }
+}
+
 #[test]
 fn ctrl_c_mid_reply_stops_it_cancels_the_request_and_the_chat_goes_on() {
     ensure_daemon_binary();
@@ -136,6 +154,11 @@ fn ctrl_c_mid_reply_stops_it_cancels_the_request_and_the_chat_goes_on() {
     let model = long_context_model(tmp.path());
     let socket = tmp.path().join("run").join("colibrid.sock");
     let state = tmp.path().join("state");
+    // Declared after `tmp`, so dropped (daemon stopped) before the folder goes.
+    let _stop = StopDaemon {
+        socket: socket.clone(),
+        state: state.clone(),
+    };
     let coli = |args: &[&str]| -> Output {
         Command::new(env!("CARGO_BIN_EXE_coli"))
             .arg("--socket")

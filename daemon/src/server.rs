@@ -234,7 +234,7 @@ async fn serve(
         });
     }
 
-    let why = wait_for_stop(&daemon).await;
+    let why = wait_for_stop(&daemon, endpoint).await;
     tracing::info!("{why}: finishing current steps and saving state");
     health
         .set_not_serving::<pb::colibri_server::ColibriServer<Service>>()
@@ -254,11 +254,20 @@ async fn serve(
     Ok(())
 }
 
-/// Resolves on SIGTERM, SIGINT or a Shutdown RPC; says which.
-async fn wait_for_stop(daemon: &Daemon) -> &'static str {
-    let mut rpc = daemon.shutdown.subscribe();
+/// Resolves on SIGTERM, SIGINT, a Shutdown RPC, or the socket file disappearing; says which.
+async fn wait_for_stop(daemon: &Daemon, endpoint: &transport::Endpoint) -> &'static str {
+    let mut shutdown = daemon.shutdown.subscribe();
     let rpc = async move {
-        let _ = rpc.wait_for(|s| *s).await;
+        let _ = shutdown.wait_for(|s| *s).await;
+    };
+    // A daemon whose socket was deleted (its folder removed) is unreachable for ever.
+    let orphaned = async {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            if endpoint.socket_gone() {
+                break;
+            }
+        }
     };
     #[cfg(unix)]
     {
@@ -269,6 +278,7 @@ async fn wait_for_stop(daemon: &Daemon) -> &'static str {
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",
             _ = rpc => "shutdown request",
+            _ = orphaned => "socket file removed",
         }
     }
     #[cfg(not(unix))]
@@ -276,6 +286,7 @@ async fn wait_for_stop(daemon: &Daemon) -> &'static str {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => "Ctrl-C",
             _ = rpc => "shutdown request",
+            _ = orphaned => "socket file removed",
         }
     }
 }

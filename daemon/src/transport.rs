@@ -88,13 +88,29 @@ mod unix {
         pub owns_path: bool,
         /// Held (flock) for the daemon's lifetime.
         _lock: Option<fs::File>,
+        /// (device, inode) of the socket file this daemon created.
+        identity: Option<(u64, u64)>,
     }
 
     impl Endpoint {
-        /// Removes the socket file (when this daemon created it).
+        /// Removes the socket file (when this daemon created it and it is still ours).
         pub fn cleanup(&self) {
-            if self.owns_path {
+            if self.owns_path && !self.socket_gone() {
                 let _ = fs::remove_file(&self.path);
+            }
+        }
+
+        /// True once the socket file this daemon created is gone or replaced: nobody can
+        /// reach the daemon any more (its folder was deleted, e.g. a test's temporary
+        /// folder), so it should save its state and exit rather than live on unreachable.
+        /// Always false for a socket systemd owns.
+        pub fn socket_gone(&self) -> bool {
+            let Some(id) = self.identity else {
+                return false;
+            };
+            match fs::symlink_metadata(&self.path) {
+                Ok(md) => (md.dev(), md.ino()) != id,
+                Err(e) => e.kind() == io::ErrorKind::NotFound,
             }
         }
     }
@@ -201,6 +217,7 @@ mod unix {
                 path,
                 owns_path: false,
                 _lock: None,
+                identity: None,
             });
         }
         prepare_dir(path)?;
@@ -227,11 +244,13 @@ mod unix {
         let listener = std::os::unix::net::UnixListener::bind(path).map_err(io_err(path))?;
         fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(io_err(path))?;
         listener.set_nonblocking(true).map_err(io_err(path))?;
+        let md = fs::symlink_metadata(path).map_err(io_err(path))?;
         Ok(Endpoint {
             listener,
             path: path.to_path_buf(),
             owns_path: true,
             _lock: Some(lock),
+            identity: Some((md.dev(), md.ino())),
         })
     }
 
@@ -327,6 +346,10 @@ mod windows {
 
     impl Endpoint {
         pub fn cleanup(&self) {}
+        /// A named pipe has no file that could be deleted under the daemon.
+        pub fn socket_gone(&self) -> bool {
+            false
+        }
     }
 
     /// Named pipes need the async runtime to be created; the real work is in [`incoming`].

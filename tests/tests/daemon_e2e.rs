@@ -146,6 +146,23 @@ fn loadable(family: &str) -> bool {
     }
 }
 
+/// A daemon whose socket file was deleted (its folder removed, as a test's temporary folder
+/// is) cannot be reached by anyone: it saves its state and exits instead of living on.
+#[cfg(unix)]
+#[test]
+fn exits_when_its_socket_file_is_removed() {
+    let p = place();
+    let mut d = start(&p, &[]);
+    std::fs::remove_file(&p.socket).unwrap();
+    let st = d.wait_exit(Duration::from_secs(60));
+    assert!(st.success(), "exit status {st}:\n{}", d.log_text());
+    assert!(
+        d.log_text().contains("socket file removed"),
+        "{}",
+        d.log_text()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_socket_permissions_and_single_instance() {
     let p = place();

@@ -348,7 +348,11 @@ fn default_policy_holds_on_real_routing() {
                 "{name} at {cap}: default {} vs best fixed {best_fixed}",
                 x(default)
             );
-            assert!(x(default) <= bound, "{name} at {cap}: {} > {bound}", x(default));
+            assert!(
+                x(default) <= bound,
+                "{name} at {cap}: {} > {bound}",
+                x(default)
+            );
         }
     }
 }

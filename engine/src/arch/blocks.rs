@@ -262,8 +262,13 @@ pub fn mlps_forward(terms: &[(&Mlp, &[(usize, f32)])], x: &[f32], n: usize, out:
         return;
     }
     let hidden = terms[0].0.down.rows;
-    let gates: Vec<&Matrix> = terms.iter().map(|(m, _)| &m.gate).collect();
-    let (acts, which) = super::exec::prepare_shared(&gates, x, n);
+    // Gates then ups: an up of its gate's format shares the gate's prepared rows (no extra
+    // work); one quantized differently (a C-layout container may) gets its own.
+    let gates_ups: Vec<&Matrix> = (terms.iter().map(|(m, _)| &m.gate))
+        .chain(terms.iter().map(|(m, _)| &m.up))
+        .collect();
+    let (acts, which) = super::exec::prepare_shared(&gates_ups, x, n);
+    let up_of = terms.len();
     let mut h: Vec<Vec<f32>> = terms
         .iter()
         .map(|(m, rows)| vec![0f32; rows.len() * m.gate.rows])
@@ -276,6 +281,10 @@ pub fn mlps_forward(terms: &[(&Mlp, &[(usize, f32)])], x: &[f32], n: usize, out:
             gate: &m.gate,
             up: &m.up,
             acts: rows.iter().map(|&(r, _)| &acts[which[t]][r]).collect(),
+            up_acts: rows
+                .iter()
+                .map(|&(r, _)| &acts[which[up_of + t]][r])
+                .collect(),
             out,
         })
         .collect();

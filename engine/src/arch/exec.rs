@@ -197,6 +197,9 @@ pub struct Gated<'a> {
     pub gate: &'a Matrix,
     pub up: &'a Matrix,
     pub acts: Vec<&'a Act>,
+    /// `acts` prepared for `up`: the same rows as `acts` when `up` shares `gate`'s format
+    /// (the usual case), separate ones when a container quantizes them differently.
+    pub up_acts: Vec<&'a Act>,
     pub out: &'a mut [f32],
 }
 
@@ -206,7 +209,7 @@ pub fn gated(jobs: &mut [Gated<'_>]) {
     let mut dst = Vec::with_capacity(jobs.len());
     for (j, g) in jobs.iter_mut().enumerate() {
         let n = g.acts.len();
-        assert!(g.gate.same_activations(g.up) && g.gate.rows == g.up.rows);
+        assert!(g.gate.rows == g.up.rows && g.up_acts.len() == n);
         assert_eq!(g.out.len(), n * g.gate.rows);
         dst.push(Out::new(g.out));
         let per = rows_per_task(n);
@@ -226,7 +229,7 @@ pub fn gated(jobs: &mut [Gated<'_>]) {
         with_scratch(2 * len, |s| {
             let (gs, us) = s.split_at_mut(len);
             g.gate.rows_block(&g.acts, r0, r1, gs);
-            g.up.rows_block(&g.acts, r0, r1, us);
+            g.up.rows_block(&g.up_acts, r0, r1, us);
             super::simd::silu_mul(gs, us);
             if n == 1 {
                 // SAFETY: tasks of one job own disjoint row ranges.

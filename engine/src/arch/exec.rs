@@ -67,6 +67,9 @@ impl Out {
     }
     /// # Safety
     /// No other task touches index `i` during the region.
+    // A shared handle to a buffer that tasks write disjoint parts of: `&self` in, `&mut` out
+    // is the point (rayon tasks share the handle), and the caller's contract makes it sound.
+    #[allow(clippy::mut_from_ref)]
     #[inline]
     unsafe fn at(&self, i: usize) -> &mut f32 {
         assert!(i < self.len);
@@ -74,6 +77,7 @@ impl Out {
     }
     /// # Safety
     /// No other task touches `start..start + len` during the region.
+    #[allow(clippy::mut_from_ref)]
     #[inline]
     unsafe fn slice(&self, start: usize, len: usize) -> &mut [f32] {
         assert!(start + len <= self.len);

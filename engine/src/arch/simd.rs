@@ -29,7 +29,7 @@ const P: [f32; 6] = [
     8.333_452e-3,
     4.166_579_6e-2,
     1.666_666_5e-1,
-    5.000_000_1e-1,
+    5e-1, // 0.500_000_01 as written before: the same f32
 ];
 
 /// The scalar form of the vector `exp` (same operations, same rounding).

@@ -64,7 +64,7 @@ fn byte_chars() -> [char; 256] {
 /// (" a", "ab", " ab", "abc", " abc", "abcd", ...) until every other id is used. Not trained
 /// on anything: any text still encodes (bytes are always there) and decodes back exactly.
 pub fn tokenizer_json(vocab: usize, specials: &[(u32, &str)]) -> Result<serde_json::Value> {
-    let regular = vocab.checked_sub(specials.len()).unwrap_or(0);
+    let regular = vocab.saturating_sub(specials.len());
     if regular < 256 || specials.iter().any(|&(id, _)| id as usize >= vocab) {
         return Err(Error::invalid(
             "vocab_size",

@@ -26,9 +26,14 @@ key=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
   --http-body-limit 1048576 >"$work/colibrid.log" 2>&1 &
 pid=$!
 for _ in $(seq 100); do [ -S "$work/c.sock" ] && break; sleep 0.1; done
+# A DeepSeek-R1-like model: the deepseek_v3 fixture with R1's real chat template (it opens a
+# think block, so the reply starts as reasoning).
+cp -r tests/fixtures/deepseek_v3 "$work/deepseek_r1"
+cp tests/fixtures/templates/deepseek_r1.jinja "$work/deepseek_r1/chat_template.jinja"
 served=$(COLIBRI_API_KEY=$key "$bin/coli" --socket "$work/c.sock" --no-autostart serve \
-  --model tests/fixtures/olmoe --http 127.0.0.1:0 --output json)
+  --model tests/fixtures/olmoe --model tests/fixtures/qwen3_moe --model "$work/deepseek_r1" \
+  --http 127.0.0.1:0 --output json)
 url=$(printf '%s' "$served" | python3 -c 'import json,sys; print(json.load(sys.stdin)["url"])')
 echo "http_sdk: colibrid serves $url"
 "$venv/bin/python" tools/http_sdk_test.py --url "$url" --key "$key" --model olmoe \
-  --model-dir tests/fixtures/olmoe --coli "$bin/coli" || { cat "$work/colibrid.log" >&2; exit 1; }
+  --model-dir tests/fixtures/olmoe --coli "$bin/coli" --tools-model qwen3_moe --reasoning-model deepseek_r1 || { cat "$work/colibrid.log" >&2; exit 1; }

@@ -32,9 +32,18 @@ pub struct BenchArgs {
     /// Runs of prefill and decode (--model); the mean and the range are reported.
     #[arg(long, default_value_t = 1)]
     pub repeat: usize,
+    #[command(flatten)]
+    pub daemon: crate::bench_daemon::DaemonBenchArgs,
 }
 
 pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
+    if a.daemon.daemon {
+        let dir = a
+            .model
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("--daemon needs --model DIR"))?;
+        return crate::bench_daemon::run(&a.daemon, dir, a.threads, a.prompt, a.tokens);
+    }
     if !a.kernels && a.model.is_none() {
         anyhow::bail!("say what to measure: --kernels and/or --model DIR");
     }

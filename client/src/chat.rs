@@ -54,6 +54,19 @@ pub struct ChatArgs {
     /// Stop a reply when this text appears (repeatable).
     #[arg(long = "stop", value_name = "TEXT")]
     pub stop: Vec<String>,
+    /// Collapse the model's reasoning (text between its think tags) to one line instead
+    /// of streaming it dimmed.
+    #[arg(long)]
+    pub hide_reasoning: bool,
+}
+
+/// A piece of a streamed reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Piece<'a> {
+    /// The answer.
+    Content(&'a str),
+    /// Reasoning (between the model's think tags), split by the shared reply parser.
+    Reasoning(&'a str),
 }
 
 /// What one reply cost, for the footer and /stats.
@@ -69,7 +82,7 @@ trait Backend {
         &mut self,
         user: &str,
         interrupted: &AtomicBool,
-        out: &mut dyn FnMut(&str),
+        out: &mut dyn FnMut(Piece),
     ) -> anyhow::Result<Turn>;
     /// Forgets the conversation.
     fn reset(&mut self) -> anyhow::Result<()>;
@@ -89,12 +102,12 @@ pub fn chat(global: &Global, args: ChatArgs) -> anyhow::Result<()> {
             .clone()
             .ok_or_else(|| anyhow!("--local needs --model DIR"))?;
         let mut b = LocalChat::new(&dir, &args)?;
-        repl(&mut b, &watch_interrupts(), &history)
+        repl(&mut b, &watch_interrupts(), &history, args.hide_reasoning)
     } else {
         let rt = daemon_discovery::runtime()?;
         let mut b = rt.block_on(DaemonChat::attach(global, &args))?;
         let mut b = WithRuntime { rt, chat: &mut b };
-        repl(&mut b, &watch_interrupts(), &history)
+        repl(&mut b, &watch_interrupts(), &history, args.hide_reasoning)
     }
 }
 
@@ -122,7 +135,74 @@ fn watch_interrupts() -> Arc<AtomicBool> {
 const HELP: &str =
     "/reset  start over   /stats  statistics   /save [FILE]  save the transcript   /exit  leave";
 
-fn repl(b: &mut dyn Backend, interrupted: &AtomicBool, history: &Path) -> anyhow::Result<()> {
+/// Prints a reply as it streams: the answer to stdout; reasoning dimmed before it on a
+/// terminal (or collapsed to one line with --hide-reasoning), to stderr when stdout is not
+/// a terminal (so that piped output holds only the answer).
+struct ReplyPrinter {
+    tty: bool,
+    hide: bool,
+    in_reasoning: bool,
+    reasoning_chars: usize,
+}
+
+impl ReplyPrinter {
+    fn piece(&mut self, p: Piece) {
+        let mut stdout = std::io::stdout();
+        match p {
+            Piece::Reasoning(r) if !r.is_empty() => {
+                if !self.in_reasoning {
+                    self.in_reasoning = true;
+                    if self.tty && !self.hide {
+                        let _ = stdout.write_all(b"\x1b[2m");
+                    } else if self.tty {
+                        let _ = stdout.write_all(b"\x1b[2m[thinking...]\x1b[0m");
+                    }
+                }
+                self.reasoning_chars += r.chars().count();
+                if self.tty {
+                    if !self.hide {
+                        let _ = stdout.write_all(r.as_bytes());
+                    }
+                } else if !self.hide {
+                    eprint!("{r}");
+                }
+            }
+            Piece::Content(c) if !c.is_empty() => {
+                self.end_reasoning();
+                let _ = stdout.write_all(c.as_bytes());
+            }
+            _ => {}
+        }
+        let _ = stdout.flush();
+    }
+
+    fn end_reasoning(&mut self) {
+        if !self.in_reasoning {
+            return;
+        }
+        self.in_reasoning = false;
+        let mut stdout = std::io::stdout();
+        if self.tty && self.hide {
+            // Collapse "[thinking...]" into a summary line.
+            let _ = write!(
+                stdout,
+                "\r\x1b[2K\x1b[2m[thought for {} characters]\x1b[0m\n",
+                self.reasoning_chars
+            );
+        } else if self.tty {
+            let _ = stdout.write_all(b"\x1b[0m\n\n");
+        } else if !self.hide {
+            eprintln!();
+        }
+    }
+}
+
+fn repl(
+    b: &mut dyn Backend,
+    interrupted: &AtomicBool,
+    history: &Path,
+    hide_reasoning: bool,
+) -> anyhow::Result<()> {
     let mut rl = rustyline::DefaultEditor::new().context("starting the line editor")?;
     let _ = rl.load_history(history);
     let tty = std::io::stdout().is_terminal();
@@ -168,11 +248,14 @@ fn repl(b: &mut dyn Backend, interrupted: &AtomicBool, history: &Path) -> anyhow
             continue;
         }
         interrupted.store(false, Ordering::SeqCst);
-        let mut stdout = std::io::stdout();
-        let turn = b.reply(line, interrupted, &mut |delta| {
-            let _ = stdout.write_all(delta.as_bytes());
-            let _ = stdout.flush();
-        });
+        let mut printer = ReplyPrinter {
+            tty,
+            hide: hide_reasoning,
+            in_reasoning: false,
+            reasoning_chars: 0,
+        };
+        let turn = b.reply(line, interrupted, &mut |p| printer.piece(p));
+        printer.end_reasoning();
         println!();
         match turn {
             Ok(t) => {
@@ -299,6 +382,7 @@ impl DaemonChat {
                     .map(|m| ChatMessage {
                         role: m.role,
                         content: m.content,
+                        ..Default::default()
                     })
                     .collect();
                 eprintln!(
@@ -340,7 +424,7 @@ impl DaemonChat {
         &mut self,
         user: &str,
         interrupted: &AtomicBool,
-        out: &mut dyn FnMut(&str),
+        out: &mut dyn FnMut(Piece),
     ) -> anyhow::Result<Turn> {
         let mut new = Vec::new();
         if self.messages.is_empty() {
@@ -348,12 +432,14 @@ impl DaemonChat {
                 new.push(ChatMessage {
                     role: "system".into(),
                     content: s.clone(),
+                    ..Default::default()
                 });
             }
         }
         new.push(ChatMessage {
             role: "user".into(),
             content: user.into(),
+            ..Default::default()
         });
         // The daemon checks that the reply fits after the prompt; without --max-tokens ask
         // for at most what is left of the context.
@@ -371,19 +457,22 @@ impl DaemonChat {
                 .map(|m| pb::ChatMessage {
                     role: m.role.clone(),
                     content: m.content.clone(),
+                    ..Default::default()
                 })
                 .collect(),
             options: Some(pb::GenerationOptions {
-                sampling: Some(self.sampling),
+                sampling: Some(self.sampling.clone()),
                 max_tokens: max_tokens.min(u32::MAX as usize) as u32,
                 stop: self.stop.clone(),
                 ..Default::default()
             }),
             session_id: self.session.clone(),
+            ..Default::default()
         };
         let mut stream = self.client.chat(req).await.rpc()?;
         let mut request_id = String::new();
         let mut text = String::new();
+        let mut reasoning = String::new();
         let mut cancel_sent = false;
         let seed = self.sampling.seed.unwrap_or(0);
         loop {
@@ -410,7 +499,9 @@ impl DaemonChat {
             match ev.event {
                 Some(Event::Started(s)) => request_id = s.request_id,
                 Some(Event::Tokens(t)) => {
-                    out(&t.text);
+                    out(Piece::Reasoning(&t.reasoning));
+                    out(Piece::Content(&t.text));
+                    reasoning.push_str(&t.reasoning);
                     text.push_str(&t.text);
                 }
                 Some(Event::Finished(f)) => {
@@ -418,6 +509,8 @@ impl DaemonChat {
                     self.messages.push(ChatMessage {
                         role: "assistant".into(),
                         content: text,
+                        reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
+                        ..Default::default()
                     });
                     return Ok(Turn {
                         stats: run_stats(&f.stats.unwrap_or_default(), seed),
@@ -528,7 +621,7 @@ impl Backend for WithRuntime<'_> {
         &mut self,
         user: &str,
         interrupted: &AtomicBool,
-        out: &mut dyn FnMut(&str),
+        out: &mut dyn FnMut(Piece),
     ) -> anyhow::Result<Turn> {
         self.rt.block_on(self.chat.reply(user, interrupted, out))
     }
@@ -574,6 +667,7 @@ impl LocalChat {
             messages.push(ChatMessage {
                 role: "system".into(),
                 content: s.clone(),
+                ..Default::default()
             });
         }
         Ok(LocalChat {
@@ -587,15 +681,23 @@ impl LocalChat {
         })
     }
 
-    /// The conversation so far as the template renders it, with a generation prompt.
-    fn rendered_ids(&self, messages: &[ChatMessage]) -> anyhow::Result<Vec<u32>> {
+    /// The conversation so far as the template renders it, with a generation prompt, and
+    /// how its reply splits into reasoning and answer.
+    fn rendered_ids(
+        &self,
+        messages: &[ChatMessage],
+    ) -> anyhow::Result<(Vec<u32>, colibri_engine::text::ReplyConfig)> {
         let t = self
             .model
             .text
             .as_ref()
             .ok_or_else(|| anyhow!("no tokenizer"))?;
+        let rendered = t.render_chat(messages, true)?;
         let room = self.model.info.max_context;
-        Ok(t.encode_within(&t.render_chat(messages, true)?, false, room)?)
+        Ok((
+            t.encode_within(&rendered, false, room)?,
+            t.reply_config(&rendered, &[], ""),
+        ))
     }
 }
 
@@ -604,14 +706,15 @@ impl Backend for LocalChat {
         &mut self,
         user: &str,
         interrupted: &AtomicBool,
-        out: &mut dyn FnMut(&str),
+        out: &mut dyn FnMut(Piece),
     ) -> anyhow::Result<Turn> {
         let mut messages = self.messages.clone();
         messages.push(ChatMessage {
             role: "user".into(),
             content: user.into(),
+            ..Default::default()
         });
-        let full = self.rendered_ids(&messages)?;
+        let (full, reply) = self.rendered_ids(&messages)?;
         // Reuse the cached prefix the new rendering shares with what was fed (the template
         // may re-render the last reply differently from the sampled tokens); at least one
         // token must be fed to get logits.
@@ -644,16 +747,21 @@ impl Backend for LocalChat {
             sampling,
             stop_strings: self.stop.clone(),
             ignore_eos: false,
+            logprobs: None,
+            reply,
         };
         let cache = std::mem::take(&mut self.cache);
         let mut g = Generation::new(&self.model, cache, req)?;
         let start = Instant::now();
         let mut first: Option<Instant> = None;
         let mut text = String::new();
-        let result = drive(&self.model, &mut g, interrupted, |ev_text| {
+        let mut reasoning = String::new();
+        let result = drive(&self.model, &mut g, interrupted, |ev| {
             first.get_or_insert_with(Instant::now);
-            out(ev_text);
-            text.push_str(ev_text);
+            out(Piece::Reasoning(&ev.reasoning));
+            out(Piece::Content(&ev.text));
+            reasoning.push_str(&ev.reasoning);
+            text.push_str(&ev.text);
         });
         let end = Instant::now();
         let generated = g.generated().to_vec();
@@ -668,6 +776,8 @@ impl Backend for LocalChat {
         self.messages.push(ChatMessage {
             role: "assistant".into(),
             content: text,
+            reasoning_content: (!reasoning.is_empty()).then_some(reasoning),
+            ..Default::default()
         });
         let first = first.unwrap_or(end);
         Ok(Turn {
@@ -725,7 +835,7 @@ fn drive(
     model: &Model,
     g: &mut Generation,
     interrupted: &AtomicBool,
-    mut on_text: impl FnMut(&str),
+    mut on_event: impl FnMut(&colibri_engine::StepEvent),
 ) -> anyhow::Result<()> {
     while g.finished().is_none() {
         if interrupted.load(Ordering::SeqCst) {
@@ -742,7 +852,7 @@ fn drive(
         let logits = (want != LogitsWanted::None).then(|| out[0].as_slice());
         let ev = g.accept(model, tokens.len(), logits)?;
         if ev.token.is_some() {
-            on_text(&ev.text);
+            on_event(&ev);
         }
     }
     Ok(())

@@ -23,10 +23,16 @@ pub struct ConvertArgs {
     /// Elements per scale of int4/int2 (32, 64, 128, ...; 0 = one scale per row).
     #[arg(long, default_value_t = 64)]
     pub group_size: u32,
-    /// Format of the other matrices (attention, shared experts, embeddings, lm_head);
-    /// routers and the sparse-attention indexer always stay exact.
-    #[arg(long, default_value = "bf16", value_parser = ["int8", "bf16"])]
+    /// Format of the other matrices (attention, shared experts, embeddings, lm_head):
+    /// bf16, int8 (one scale per row), int8-g32 / int8-g64 (f16 scale per 32 or 64
+    /// elements), int4-g32 / int4-g64; routers and the sparse-attention indexer always stay
+    /// exact.
+    #[arg(long, default_value = "bf16")]
     pub dense: String,
+    /// Format of the attention projections, when it should differ from --dense (e.g.
+    /// int4-g32 attention with int8-g32 for the rest).
+    #[arg(long)]
+    pub attention: Option<String>,
     /// Worker threads [default: all cores].
     #[arg(long)]
     pub threads: Option<usize>,
@@ -73,6 +79,11 @@ pub fn convert(a: ConvertArgs) -> anyhow::Result<()> {
         output: a.output.clone(),
         experts: convert::parse_format(&a.experts, a.group_size)?,
         dense: convert::parse_format(&a.dense, 0)?,
+        attention: a
+            .attention
+            .as_deref()
+            .map(|f| convert::parse_format(f, 0))
+            .transpose()?,
     };
     let bar = Bar::new();
     let t = std::time::Instant::now();

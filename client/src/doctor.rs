@@ -84,63 +84,36 @@ pub fn doctor(global: &Global, args: DoctorArgs) -> anyhow::Result<()> {
 }
 
 fn cpu() -> Check {
+    use colibri_engine::kernels;
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
     let arch = std::env::consts::ARCH;
-    #[cfg(target_arch = "x86_64")]
-    {
-        let mut have = Vec::new();
-        let avx2 = std::arch::is_x86_feature_detected!("avx2");
-        let fma = std::arch::is_x86_feature_detected!("fma");
-        for (name, on) in [
-            ("avx2", avx2),
-            ("fma", fma),
-            ("f16c", std::arch::is_x86_feature_detected!("f16c")),
-            ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
-        ] {
-            if on {
-                have.push(name);
-            }
-        }
-        let detail = format!("{arch}, {threads} threads, features: {}", have.join(" "));
-        if avx2 && fma {
-            check("cpu", Level::Ok, detail, None)
+    let feats = kernels::cpu_features();
+    let detail = format!(
+        "{arch}, {threads} threads, features: {}; {}",
+        if feats.is_empty() {
+            "none".to_string()
         } else {
-            check(
-                "cpu",
-                Level::Warn,
-                detail,
-                Some("no AVX2+FMA: the portable kernels run instead, several times slower"),
-            )
-        }
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        let neon = std::arch::is_aarch64_feature_detected!("neon");
-        let detail = format!(
-            "{arch}, {threads} threads, neon: {}",
-            if neon { "yes" } else { "no" }
-        );
-        if neon {
-            check("cpu", Level::Ok, detail, None)
-        } else {
-            check(
-                "cpu",
-                Level::Warn,
-                detail,
-                Some("no NEON: the portable kernels run instead, several times slower"),
-            )
-        }
-    }
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    {
-        check(
+            feats.join(" ")
+        },
+        kernels::isa_report()
+    );
+    let simd_here = feats.contains(&"avx2") || feats.contains(&"neon");
+    match kernels::level() {
+        kernels::Level::Scalar if simd_here => check(
             "cpu",
             Level::Warn,
-            format!("{arch}, {threads} threads"),
-            Some("no SIMD kernels for this CPU: the portable kernels run, several times slower"),
-        )
+            detail,
+            Some("COLIBRI_ISA (or COLIBRI_KERNELS) forces the portable kernels: unset it for full speed"),
+        ),
+        kernels::Level::Scalar => check(
+            "cpu",
+            Level::Warn,
+            detail,
+            Some("no SIMD kernels for this CPU (AVX2+FMA+F16C or NEON): the portable kernels run, several times slower"),
+        ),
+        _ => check("cpu", Level::Ok, detail, None),
     }
 }
 

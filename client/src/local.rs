@@ -60,11 +60,13 @@ pub fn prompt_ids(model: &Model, spec: &PromptSpec) -> anyhow::Result<Vec<u32>> 
         messages.push(ChatMessage {
             role: "system".into(),
             content: s.clone(),
+            ..Default::default()
         });
     }
     messages.push(ChatMessage {
         role: "user".into(),
         content: text.clone(),
+        ..Default::default()
     });
     let rendered = t.render_chat(&messages, true)?;
     // The template writes the special tokens (BOS, role markers) itself.
@@ -114,6 +116,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         sampling,
         stop_strings: args.stop.clone(),
         ignore_eos: args.ignore_eos,
+        ..Default::default()
     };
     // Automatic drafting only for greedy decoding: with sampling, speculation keeps the
     // distribution but a fixed seed would give other tokens depending on measured speed.

@@ -5,6 +5,7 @@
 //! `foo.rs`, add a variant to [`Command`] and one arm to [`dispatch`].
 
 mod bench;
+mod bench_daemon;
 mod chat;
 mod completions;
 mod convert;
@@ -13,6 +14,7 @@ mod doctor;
 mod local;
 mod manage;
 mod output;
+mod perplexity;
 mod plan;
 mod progress;
 mod remote;
@@ -80,6 +82,8 @@ enum Command {
     Run(run::RunArgs),
     /// Teacher-forced logits of every position of a token sequence.
     Score(run::ScoreArgs),
+    /// Perplexity of a text or of token ids (llama-perplexity's method).
+    Perplexity(perplexity::PerplexityArgs),
     /// Chat interactively; re-attaches to the last conversation.
     Chat(chat::ChatArgs),
     /// The daemon: version, memory, loaded models, expert caches, sessions.
@@ -123,6 +127,7 @@ fn dispatch(global: &Global, command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run(a) => run::run(global, a),
         Command::Score(a) => run::score(global, a),
+        Command::Perplexity(a) => perplexity::perplexity(global, a),
         Command::Convert(a) => convert::convert(a),
         Command::Synth(a) => synth::synth(a),
         Command::Bench(a) => bench::bench(a),

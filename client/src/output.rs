@@ -226,6 +226,14 @@ pub fn print_score(format: OutputFormat, vocab: usize, logits: &[f32]) -> anyhow
 }
 
 /// Prints the argmax of each position, space separated, on one line.
+/// One line on stdout, flushed.
+pub fn print_line(line: &str) -> anyhow::Result<()> {
+    let mut out = io::stdout().lock();
+    writeln!(out, "{line}")?;
+    out.flush()?;
+    Ok(())
+}
+
 pub fn print_argmax(argmax: &[u32]) -> anyhow::Result<()> {
     let mut out = io::stdout().lock();
     writeln!(out, "{}", join_ids(argmax))?;

@@ -80,6 +80,9 @@ pub fn sampling(s: &SamplingArgs) -> pb::SamplingParams {
         min_p: Some(p.min_p),
         repetition_penalty: Some(p.repetition_penalty),
         seed: Some(p.seed),
+        frequency_penalty: Some(p.frequency_penalty),
+        presence_penalty: Some(p.presence_penalty),
+        ..Default::default()
     }
 }
 
@@ -120,11 +123,13 @@ fn chat_messages(system: Option<&str>, user: &str) -> Vec<pb::ChatMessage> {
         m.push(pb::ChatMessage {
             role: "system".into(),
             content: s.into(),
+            ..Default::default()
         });
     }
     m.push(pb::ChatMessage {
         role: "user".into(),
         content: user.into(),
+        ..Default::default()
     });
     m
 }
@@ -142,7 +147,8 @@ pub fn finish_reason(r: i32) -> &'static str {
 pub fn run_stats(s: &pb::GenerationStats, seed: u64) -> RunStats {
     let ttft = s.time_to_first_token_ms / 1000.0;
     RunStats {
-        prompt_tokens: s.prompt_tokens as usize,
+        // The whole prompt: what was prefilled plus what a cache supplied.
+        prompt_tokens: (s.prompt_tokens + s.cached_tokens) as usize,
         generated_tokens: s.generated_tokens as usize,
         load_s: None,
         prefill_s: ttft,
@@ -176,6 +182,11 @@ pub async fn run(client: &mut Client, args: &RunArgs) -> anyhow::Result<()> {
             max_tokens: max_tokens.min(u32::MAX as usize) as u32,
             stop: args.stop.clone(),
             ignore_eos: args.ignore_eos,
+            draft_tokens: if args.no_draft {
+                Some(0)
+            } else {
+                args.draft.map(|n| n.min(u32::MAX as usize) as u32)
+            },
             ..Default::default()
         }),
         ..Default::default()
@@ -197,6 +208,9 @@ pub async fn run(client: &mut Client, args: &RunArgs) -> anyhow::Result<()> {
                     if let (Some(st), Some(c)) = (&stats.expert_cache, &pb_stats.expert_cache) {
                         eprint!("{}", expert_report(st, c.forward_seconds));
                     }
+                    if let Some(sp) = &pb_stats.speculation {
+                        eprintln!("{}", speculation_line(sp));
+                    }
                 }
                 return Ok(());
             }
@@ -206,6 +220,29 @@ pub async fn run(client: &mut Client, args: &RunArgs) -> anyhow::Result<()> {
     Err(anyhow!(
         "the daemon closed the generation stream before it finished"
     ))
+}
+
+/// The daemon's account of MTP drafting, worded as `coli run --local --stats` words it.
+pub fn speculation_line(s: &pb::SpeculationStats) -> String {
+    if s.drafted == 0 {
+        let why = if s.off_reason.is_empty() {
+            "nothing drafted"
+        } else {
+            &s.off_reason
+        };
+        return format!("speculation: off ({why})");
+    }
+    format!(
+        "speculation: {} drafted, {} accepted ({:.1}%){}",
+        s.drafted,
+        s.accepted,
+        100.0 * f64::from(s.accepted) / f64::from(s.drafted),
+        if s.off_reason.is_empty() {
+            String::new()
+        } else {
+            format!(", then stopped: {}", s.off_reason)
+        }
+    )
 }
 
 pub async fn score(client: &mut Client, args: &ScoreArgs) -> anyhow::Result<()> {

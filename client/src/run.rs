@@ -56,6 +56,24 @@ pub struct SamplingArgs {
         value_name = "R"
     )]
     pub repeat_penalty: f32,
+    /// Lower a token's logit by F per time it was generated already (OpenAI's
+    /// frequency_penalty, -2..2; 0 = off).
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        allow_negative_numbers = true,
+        value_name = "F"
+    )]
+    pub frequency_penalty: f32,
+    /// Lower a token's logit by P once it was generated (OpenAI's presence_penalty,
+    /// -2..2; 0 = off).
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        allow_negative_numbers = true,
+        value_name = "P"
+    )]
+    pub presence_penalty: f32,
     /// Random seed; the same seed gives the same tokens [default: random].
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
@@ -70,6 +88,9 @@ impl SamplingArgs {
             min_p: self.min_p,
             repetition_penalty: self.repeat_penalty,
             seed: self.seed.unwrap_or_else(random_seed),
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -133,8 +154,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub stats: bool,
     /// Draft N tokens per step with the model's MTP layers and verify them in one batched
-    /// forward (DeepSeek-V3 / GLM checkpoints that carry MTP layers; --local only for now).
-    /// Default: automatic for greedy decoding, turned off when it does not pay.
+    /// forward (DeepSeek-V3 / GLM checkpoints that carry MTP layers), in-process or in the
+    /// daemon. Default: automatic for greedy decoding, turned off when it does not pay.
     #[arg(long, value_name = "N", conflicts_with = "no_draft")]
     pub draft: Option<usize>,
     /// Never draft.

@@ -33,8 +33,9 @@ pub struct SynthArgs {
     /// Elements per scale of int4/int2 (0 = one per row).
     #[arg(long, default_value_t = 64)]
     pub group_size: u32,
-    /// Format of the other matrices.
-    #[arg(long, default_value = "bf16", value_parser = ["int8", "bf16"])]
+    /// Format of the other matrices: bf16, int8 (per row), int8-g32, int8-g64, int4-g32,
+    /// int4-g64.
+    #[arg(long, default_value = "bf16")]
     pub dense: String,
     /// Number of layers [default: the architecture's].
     #[arg(long)]

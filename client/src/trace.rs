@@ -236,6 +236,7 @@ pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
         },
         stop_strings: Vec::new(),
         ignore_eos: true,
+        ..Default::default()
     };
     let mut g = Generation::new(&model, model.new_cache(), req)?;
     let (mut prefill_s, mut decode_s, mut decoded) = (0.0f64, 0.0f64, 0usize);

@@ -7,73 +7,9 @@
 
 mod common;
 
-use common::{csv, ensure_daemon_binary, families, fixtures, ids_of, reference};
+use common::{csv, families, fixtures, ids_of, local, reference, Daemon};
 use serde_json::Value;
-use std::path::PathBuf;
-use std::process::{Command, Output};
-
-/// A daemon endpoint private to one test: its socket and state folder live in a temporary
-/// folder, and the daemon is stopped when the test ends (even on failure).
-struct Daemon {
-    dir: tempfile::TempDir,
-}
-
-impl Daemon {
-    fn new() -> Daemon {
-        ensure_daemon_binary();
-        Daemon {
-            dir: tempfile::tempdir().unwrap(),
-        }
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("run").join("colibrid.sock")
-    }
-
-    fn coli(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_coli"))
-            .arg("--socket")
-            .arg(self.socket())
-            .args(args)
-            .env("COLIBRI_STATE_DIR", self.dir.path().join("state"))
-            .env_remove("COLI_SOCKET")
-            .env_remove("COLI_NO_AUTOSTART")
-            .output()
-            .expect("spawn coli")
-    }
-
-    /// Runs coli and returns stdout, failing the test on a non-zero exit.
-    fn ok(&self, args: &[&str]) -> String {
-        let o = self.coli(args);
-        assert!(
-            o.status.success(),
-            "coli {args:?} failed: {}\ndaemon log: {}",
-            String::from_utf8_lossy(&o.stderr),
-            std::fs::read_to_string(self.dir.path().join("state/colibrid.log")).unwrap_or_default()
-        );
-        String::from_utf8(o.stdout).unwrap()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.coli(&["stop", "--timeout", "30"]);
-    }
-}
-
-fn local(args: &[&str]) -> String {
-    let o = Command::new(env!("CARGO_BIN_EXE_coli"))
-        .args(args)
-        .env("COLI_SOCKET", "/nonexistent/colibri-test.sock")
-        .output()
-        .expect("spawn coli");
-    assert!(
-        o.status.success(),
-        "coli {args:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout).unwrap()
-}
+use std::process::Command;
 
 #[test]
 fn run_through_the_daemon_equals_local_and_transformers() {

@@ -51,6 +51,13 @@ pub fn sampling(p: Option<&pb::SamplingParams>) -> SamplingParams {
         min_p: p.min_p.unwrap_or(d.min_p),
         repetition_penalty: p.repetition_penalty.unwrap_or(d.repetition_penalty),
         seed: p.seed.unwrap_or(d.seed),
+        frequency_penalty: p.frequency_penalty.unwrap_or(d.frequency_penalty),
+        presence_penalty: p.presence_penalty.unwrap_or(d.presence_penalty),
+        logit_bias: {
+            let mut b: Vec<(u32, f32)> = p.logit_bias.iter().map(|(&k, &v)| (k, v)).collect();
+            b.sort_by_key(|e| e.0);
+            b
+        },
     }
 }
 
@@ -64,12 +71,195 @@ pub fn finish_reason(r: FinishReason) -> pb::FinishReason {
 }
 
 pub fn chat_messages(m: &[pb::ChatMessage]) -> Vec<colibri_engine::text::ChatMessage> {
+    let opt = |s: &str| (!s.is_empty()).then(|| s.to_string());
     m.iter()
         .map(|m| colibri_engine::text::ChatMessage {
             role: m.role.clone(),
             content: m.content.clone(),
+            tool_calls: m
+                .tool_calls
+                .iter()
+                .map(|c| colibri_engine::text::ToolCall {
+                    id: c.id.clone(),
+                    name: c.name.clone(),
+                    arguments: c.arguments.clone(),
+                })
+                .collect(),
+            tool_call_id: opt(&m.tool_call_id),
+            name: opt(&m.name),
+            reasoning_content: opt(&m.reasoning_content),
         })
         .collect()
+}
+
+/// The chat-API fields of a request (tools, tool_choice, template variables, logprobs,
+/// response_format) checked and converted; errors name the field.
+pub fn gen_extras(
+    options: &pb::GenerationOptions,
+    chat: Option<&pb::ChatRequest>,
+) -> Result<crate::scheduler::GenExtras, Status> {
+    use colibri_engine::structured::OutputFormat;
+    use colibri_engine::text::{ToolChoice, ToolSpec};
+    let engine = |e: Error| status_from_engine(&e);
+    let mut x = crate::scheduler::GenExtras {
+        parallel_tool_calls: true,
+        ..Default::default()
+    };
+    if options.logprobs {
+        let k = options.top_logprobs as usize;
+        if k > colibri_engine::generate::MAX_TOP_LOGPROBS {
+            return Err(invalid(
+                "options.top_logprobs",
+                format!(
+                    "{k} is more than {}",
+                    colibri_engine::generate::MAX_TOP_LOGPROBS
+                ),
+            ));
+        }
+        x.logprobs = Some(k);
+    } else if options.top_logprobs > 0 {
+        return Err(invalid("options.top_logprobs", "needs options.logprobs"));
+    }
+    if let Some(f) = &options.response_format {
+        use pb::response_format::Type;
+        let schema = |required: bool| -> Result<Option<serde_json::Value>, Status> {
+            if f.schema.trim().is_empty() {
+                return if required {
+                    Err(invalid("options.response_format.schema", "is empty"))
+                } else {
+                    Ok(None)
+                };
+            }
+            serde_json::from_str(&f.schema).map(Some).map_err(|e| {
+                invalid(
+                    "options.response_format.schema",
+                    format!("is not JSON: {e}"),
+                )
+            })
+        };
+        let grammar = || {
+            if f.grammar.is_empty() {
+                Err(invalid("options.response_format.grammar", "is empty"))
+            } else {
+                Ok(f.grammar.clone())
+            }
+        };
+        x.response_format = match Type::try_from(f.r#type) {
+            Ok(Type::Text) => None,
+            Ok(Type::JsonObject) => Some(OutputFormat::JsonObject(schema(false)?)),
+            Ok(Type::JsonSchema) => {
+                Some(OutputFormat::JsonSchema(schema(true)?.expect("required")))
+            }
+            Ok(Type::Lark) => Some(OutputFormat::Lark(grammar()?)),
+            Ok(Type::Regex) => Some(OutputFormat::Regex(grammar()?)),
+            Err(_) => {
+                return Err(invalid(
+                    "options.response_format.type",
+                    format!("unknown type {}", f.r#type),
+                ))
+            }
+        };
+    }
+    let Some(c) = chat else { return Ok(x) };
+    if c.tools.len() > 1024 {
+        return Err(invalid("tools", "more than 1024 tools"));
+    }
+    for (i, t) in c.tools.iter().enumerate() {
+        let spec = ToolSpec::parse(
+            &t.name,
+            &t.description,
+            &t.parameters,
+            &format!("tools[{i}]"),
+        )
+        .map_err(engine)?;
+        if x.tools.iter().any(|o: &ToolSpec| o.name == spec.name) {
+            return Err(invalid(
+                &format!("tools[{i}].name"),
+                format!("'{}' is given twice", spec.name),
+            ));
+        }
+        x.tools.push(spec);
+    }
+    if let Some(tc) = &c.tool_choice {
+        use pb::tool_choice::Mode;
+        x.tool_choice = match Mode::try_from(tc.mode) {
+            Ok(Mode::Auto) => ToolChoice::Auto,
+            Ok(Mode::None) => ToolChoice::None,
+            Ok(Mode::Required) => ToolChoice::Required,
+            Ok(Mode::Named) if tc.name.is_empty() => {
+                return Err(invalid("tool_choice.name", "is empty"))
+            }
+            Ok(Mode::Named) => ToolChoice::Named(tc.name.clone()),
+            Err(_) => {
+                return Err(invalid(
+                    "tool_choice.mode",
+                    format!("unknown mode {}", tc.mode),
+                ))
+            }
+        };
+    }
+    x.parallel_tool_calls = c.parallel_tool_calls.unwrap_or(true);
+    if !c.template_kwargs.trim().is_empty() {
+        match serde_json::from_str::<serde_json::Value>(&c.template_kwargs) {
+            Ok(serde_json::Value::Object(m)) => {
+                for reserved in ["messages", "tools", "add_generation_prompt"] {
+                    if m.contains_key(reserved) {
+                        return Err(invalid(
+                            "template_kwargs",
+                            format!("may not set '{reserved}'"),
+                        ));
+                    }
+                }
+                x.template_vars = m;
+            }
+            Ok(_) => return Err(invalid("template_kwargs", "must be a JSON object")),
+            Err(e) => return Err(invalid("template_kwargs", format!("is not JSON: {e}"))),
+        }
+    }
+    Ok(x)
+}
+
+pub fn pb_tool_calls(calls: &[colibri_engine::text::ToolCall]) -> Vec<pb::ToolCall> {
+    calls
+        .iter()
+        .map(|c| pb::ToolCall {
+            id: c.id.clone(),
+            name: c.name.clone(),
+            arguments: c.arguments.clone(),
+        })
+        .collect()
+}
+
+/// A token's logprob on the wire, with its text (lossy where it holds part of a UTF-8
+/// character) and bytes.
+pub fn token_logprob(
+    text: &colibri_engine::text::Text,
+    lp: &colibri_engine::generate::TokenLogprob,
+) -> pb::TokenLogprob {
+    let piece = |id: u32| {
+        let b = text.token_text_bytes(id);
+        (String::from_utf8_lossy(&b).into_owned(), b)
+    };
+    let (token, bytes) = piece(lp.id);
+    pb::TokenLogprob {
+        id: lp.id,
+        logprob: lp.logprob,
+        token,
+        bytes,
+        top: lp
+            .top
+            .iter()
+            .map(|&(id, logprob)| {
+                let (token, bytes) = piece(id);
+                pb::TopLogprob {
+                    id,
+                    logprob,
+                    token,
+                    bytes,
+                }
+            })
+            .collect(),
+    }
 }
 
 pub fn pb_messages(m: &[colibri_engine::text::ChatMessage]) -> Vec<pb::ChatMessage> {
@@ -77,6 +267,10 @@ pub fn pb_messages(m: &[colibri_engine::text::ChatMessage]) -> Vec<pb::ChatMessa
         .map(|m| pb::ChatMessage {
             role: m.role.clone(),
             content: m.content.clone(),
+            tool_calls: pb_tool_calls(&m.tool_calls),
+            tool_call_id: m.tool_call_id.clone().unwrap_or_default(),
+            name: m.name.clone().unwrap_or_default(),
+            reasoning_content: m.reasoning_content.clone().unwrap_or_default(),
         })
         .collect()
 }
@@ -106,6 +300,14 @@ pub fn model_info(id: &str, m: &colibri_engine::Model) -> pb::ModelInfo {
                 bytes: c.bytes,
             })
             .collect(),
+        has_chat_template: m.text.as_ref().is_some_and(|t| t.has_chat_template()),
+        tool_call_format: m
+            .text
+            .as_ref()
+            .and_then(|t| t.tool_format())
+            .map(|f| f.as_str().to_string())
+            .unwrap_or_default(),
+        has_reasoning: m.text.as_ref().is_some_and(|t| t.has_think_tags()),
     }
 }
 

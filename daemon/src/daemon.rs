@@ -602,6 +602,9 @@ impl Daemon {
                 .keep_alive(self.cfg.keep_alive)
                 .map(|d| d.as_secs_f64())
                 .unwrap_or(0.0),
+            prefix_cache_bytes: p.prefix_cache_bytes,
+            prefix_cache_entries: p.prefix_cache_entries,
+            prefix_cache_reused_tokens: p.prefix_cache_reused_tokens,
         }
     }
 }

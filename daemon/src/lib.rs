@@ -8,6 +8,7 @@
 //! - [`memory`]: allocator settings and trimming, so RSS returns after large requests.
 //! - [`daemon`]: loaded models and their engine threads, sessions across models and disk.
 //! - [`scheduler`]: the engine thread: batched steps over all live generations.
+//! - [`prefix`]: the prefix cache (KV of earlier requests reused by later ones).
 //! - [`snapshot`] and [`state`]: session snapshots and other persisted files.
 //! - [`server`]: putting it together (health, reflection, signals, shutdown).
 //! - [`http`]: the OpenAI/Anthropic-compatible HTTP API, a translation onto [`service`].
@@ -18,6 +19,7 @@ pub mod daemon;
 pub mod http;
 pub mod limits;
 pub mod memory;
+pub mod prefix;
 pub mod scheduler;
 pub mod server;
 pub mod service;

@@ -14,13 +14,16 @@
 
 use crate::convert::{self, now_unix_ms, status_from_engine};
 use crate::limits;
+use crate::prefix::{Policy, PrefixCache};
 use crate::snapshot::{self, SessionMeta, SnapshotError, SnapshotMessage};
 use crate::state::{self, StateDir};
 use colibri_engine::experts::StoreStats;
-use colibri_engine::text::ChatMessage;
+use colibri_engine::perplexity::{self, Perplexity};
+use colibri_engine::structured::{Constraint, GrammarCompiler, OutputFormat};
+use colibri_engine::text::{ChatMessage, ToolCall, ToolChoice, ToolSpec};
 use colibri_engine::{
-    FinishReason, GenerateRequest, Generation, KvCache, LogitsWanted, Model, SamplingParams,
-    SeqStep,
+    DraftMode, FinishReason, GenerateRequest, Generation, KvCache, LogitsWanted, Model,
+    SamplingParams, SeqStep, Speculator, StepEvent, StepPlan,
 };
 use colibri_proto::v1 as pb;
 use pb::generate_event::{Event, Finished, Started, Tokens};
@@ -58,8 +61,28 @@ pub struct GenJob {
     pub stop: Vec<String>,
     pub ignore_eos: bool,
     pub return_logits: bool,
+    /// Drafts per step with the model's MTP layers (`GenerationOptions.draft_tokens`; None:
+    /// automatic for greedy decoding).
+    pub draft: Option<usize>,
     pub events: EventSender,
     pub arrived: Instant,
+    pub extras: GenExtras,
+}
+
+/// The chat-API parts of a request: tools, template variables, logprobs, structured
+/// output. Default = none of them.
+#[derive(Clone, Debug, Default)]
+pub struct GenExtras {
+    /// Tools offered (Chat only).
+    pub tools: Vec<ToolSpec>,
+    pub tool_choice: ToolChoice,
+    /// Several calls allowed in one reply.
+    pub parallel_tool_calls: bool,
+    /// Extra chat-template variables (e.g. enable_thinking).
+    pub template_vars: serde_json::Map<String, serde_json::Value>,
+    /// Report logprobs with this many alternatives.
+    pub logprobs: Option<usize>,
+    pub response_format: Option<OutputFormat>,
 }
 
 pub struct ScoreJob {
@@ -68,9 +91,22 @@ pub struct ScoreJob {
     pub reply: oneshot::Sender<Result<pb::ScoreResponse, Status>>,
 }
 
+pub type PerplexitySender = mpsc::UnboundedSender<Result<pb::PerplexityProgress, Status>>;
+
+/// A Perplexity request: its windows are fed like a prompt, one chunk per step.
+pub struct PerplexityJob {
+    pub ids: Vec<u32>,
+    pub ctx: usize,
+    pub events: PerplexitySender,
+}
+
+// Jobs pass through a channel one at a time; most are generations, so boxing them would
+// only add an allocation.
+#[allow(clippy::large_enum_variant)]
 pub enum Job {
     Generate(GenJob),
     Score(ScoreJob),
+    Perplexity(PerplexityJob),
     CreateSession {
         id: String,
         reply: oneshot::Sender<Result<pb::SessionInfo, Status>>,
@@ -104,6 +140,9 @@ pub struct EngineConfig {
     pub solo_prefill_chunk: usize,
     /// A session idle this long is snapshotted to disk.
     pub session_save_after: Duration,
+    /// Bytes of KV the prefix cache may keep (0 = off), and its eviction order.
+    pub prefix_cache_bytes: usize,
+    pub prefix_cache_policy: Policy,
 }
 
 /// What the engine thread publishes for Status/ListSessions after every iteration, so the
@@ -119,6 +158,10 @@ pub struct Published {
     pub tokens_prefilled: u64,
     /// Seconds spent in `Model::forward` since load.
     pub forward_seconds: f64,
+    /// The prefix cache: bytes held, entries, prompt tokens it saved from prefill.
+    pub prefix_cache_bytes: u64,
+    pub prefix_cache_entries: u32,
+    pub prefix_cache_reused_tokens: u64,
     /// Since when nothing has run (None while busy).
     pub idle_since: Option<Instant>,
 }
@@ -150,6 +193,9 @@ struct Session {
     tokens: Vec<u32>,
     /// None while a generation holds it.
     cache: Option<KvCache>,
+    /// The MTP layer's cache of the same positions, left by the last generation that drafted
+    /// (lets the next turn draft too); not part of snapshots.
+    mtp: Option<KvCache>,
     /// `cache.len` while the cache is lent out (for listings).
     cached_len: usize,
     kv_bytes: usize,
@@ -165,6 +211,10 @@ struct Session {
 
 struct GenRow {
     gen: Generation,
+    /// Drafts for `gen` with the model's MTP layers (a plain decoder when drafting is off).
+    spec: Speculator,
+    /// Drafting was asked for or automatic (the Finished stats then say how it went).
+    spec_wanted: bool,
     request_id: String,
     session: Option<String>,
     /// The sequence before generation: cached prefix plus everything fed this request.
@@ -175,6 +225,7 @@ struct GenRow {
     /// The whole conversation for a Chat request (the session's messages plus this turn's).
     chat: Option<Vec<ChatMessage>>,
     reply_text: String,
+    reasoning_text: String,
     prompt_tokens: usize,
     cached_tokens: usize,
     arrived: Instant,
@@ -194,21 +245,61 @@ struct ScoreRow {
     reply: Option<oneshot::Sender<Result<pb::ScoreResponse, Status>>>,
 }
 
+/// A Perplexity request in progress: window `window`, of which `fed` positions are in
+/// `cache` (reset between windows).
+struct PerplexityRow {
+    cache: KvCache,
+    ids: Vec<u32>,
+    ctx: usize,
+    windows: usize,
+    window: usize,
+    fed: usize,
+    acc: Perplexity,
+    events: PerplexitySender,
+}
+
+impl PerplexityRow {
+    fn progress(&self, done: bool) -> pb::PerplexityProgress {
+        pb::PerplexityProgress {
+            windows_done: self.acc.windows as u32,
+            windows_total: self.windows as u32,
+            tokens_scored: self.acc.tokens_scored,
+            nll_sum: self.acc.nll_sum,
+            done,
+        }
+    }
+}
+
 enum Row {
     Gen(Box<GenRow>),
     Score(ScoreRow),
+    Perplexity(Box<PerplexityRow>),
 }
 
 impl Row {
-    fn cache_mut(&mut self) -> &mut KvCache {
+    /// The row's cache, and its grammar when it has one.
+    fn cache_and_constraint(&mut self) -> (&mut KvCache, Option<&mut Constraint>) {
         match self {
-            Row::Gen(g) => &mut g.gen.cache,
-            Row::Score(s) => &mut s.cache,
+            Row::Gen(g) => g.gen.cache_and_constraint(),
+            Row::Score(s) => (&mut s.cache, None),
+            Row::Perplexity(p) => (&mut p.cache, None),
         }
     }
     fn is_decode(&self) -> bool {
         matches!(self, Row::Gen(g) if g.prompt_left == 0)
     }
+}
+
+/// A row's part of one step.
+struct Picked {
+    /// Index in `active`.
+    i: usize,
+    tokens: Vec<u32>,
+    logits: LogitsWanted,
+    /// Final hidden states wanted (the MTP layer's input while drafting).
+    hidden: LogitsWanted,
+    /// A generation's plan, handed back to its speculator with the outputs.
+    plan: Option<StepPlan>,
 }
 
 enum Outcome {
@@ -233,6 +324,12 @@ pub struct Engine {
     /// Time spent in `Model::forward`.
     forward_time: Duration,
     idle_since: Option<Instant>,
+    /// KV of finished requests, reused by later ones with the same prefix.
+    prefix: PrefixCache<KvCache>,
+    /// Structured output's grammar compiler (indexes the vocabulary once, on first use).
+    grammar: Option<Result<Arc<GrammarCompiler>, String>>,
+    /// Tool call ids: per-engine counter.
+    calls_made: u64,
     /// When busy stepping, the last look for idle sessions to snapshot.
     last_save_look: Instant,
     /// Test hook (`COLIBRI_STEP_PAUSE_MS`): a pause after every step, so that a browser
@@ -258,7 +355,6 @@ impl Engine {
             rx,
             shared,
             state,
-            cfg,
             sessions: HashMap::new(),
             active: Vec::new(),
             waiting: VecDeque::new(),
@@ -267,11 +363,15 @@ impl Engine {
             tokens_prefilled: 0,
             forward_time: Duration::ZERO,
             idle_since: Some(Instant::now()),
+            prefix: PrefixCache::new(cfg.prefix_cache_bytes, cfg.prefix_cache_policy),
+            grammar: None,
+            calls_made: 0,
             last_save_look: Instant::now(),
             step_pause: std::env::var("COLIBRI_STEP_PAUSE_MS")
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .map(Duration::from_millis),
+            cfg,
         }
     }
 
@@ -361,6 +461,38 @@ impl Engine {
                     }
                 }
             }
+            Job::Perplexity(p) => {
+                let info = &self.model.info;
+                let check = perplexity::window_count(p.ids.len(), p.ctx, info.max_context)
+                    .and_then(|n| {
+                        match self.model.check_tokens(0, &p.ids, "ids") {
+                            // Only each window must fit the context.
+                            Ok(()) | Err(colibri_engine::Error::ContextOverflow { .. }) => Ok(n),
+                            Err(e) => Err(e),
+                        }
+                    })
+                    .map_err(|e| status_from_engine(&e));
+                match check {
+                    Ok(windows) => {
+                        let row = PerplexityRow {
+                            cache: self.model.new_cache(),
+                            ids: p.ids,
+                            ctx: p.ctx,
+                            windows,
+                            window: 0,
+                            fed: 0,
+                            acc: Perplexity::default(),
+                            events: p.events,
+                        };
+                        let _ = row.events.send(Ok(row.progress(false)));
+                        self.waiting.push_back(Row::Perplexity(Box::new(row)));
+                    }
+                    Err(st) => {
+                        let _ = p.events.send(Err(st));
+                        self.shared.outstanding.fetch_sub(1, Ordering::SeqCst);
+                    }
+                }
+            }
             Job::CreateSession { id, reply } => {
                 let _ = reply.send(self.create_session(id));
             }
@@ -414,6 +546,7 @@ impl Engine {
             id: id.clone(),
             tokens: Vec::new(),
             cache: Some(self.model.new_cache()),
+            mtp: None,
             cached_len: 0,
             kv_bytes: 0,
             messages: Vec::new(),
@@ -472,12 +605,14 @@ impl Engine {
                         kv_bytes: kv.size_bytes(),
                         tokens: meta.tokens,
                         cache: Some(kv),
+                        mtp: None,
                         messages: meta
                             .messages
                             .into_iter()
                             .map(|m| ChatMessage {
                                 role: m.role,
                                 content: m.content,
+                                ..Default::default()
                             })
                             .collect(),
                         created_ms: meta.created_unix_ms,
@@ -529,6 +664,84 @@ impl Engine {
                 ))
             })
         };
+        let x = &job.extras;
+        let chat_input = matches!(job.input, GenInput::Chat(_));
+        if !chat_input && !x.tools.is_empty() {
+            return Err(convert::invalid("tools", "are only for Chat requests"));
+        }
+        // Tools the model is shown (tool_choice none: not offered) and a forced call.
+        let offered: &[ToolSpec] = if x.tool_choice == ToolChoice::None {
+            &[]
+        } else {
+            &x.tools
+        };
+        let forced = match &x.tool_choice {
+            ToolChoice::Required | ToolChoice::Named(_) if x.tools.is_empty() => {
+                return Err(convert::invalid(
+                    "tool_choice",
+                    "requires a call but no tools were given",
+                ))
+            }
+            ToolChoice::Named(n) => {
+                let t = x.tools.iter().find(|t| &t.name == n).ok_or_else(|| {
+                    convert::invalid("tool_choice.name", format!("no tool named '{n}'"))
+                })?;
+                Some(vec![t.clone()])
+            }
+            ToolChoice::Required => Some(x.tools.clone()),
+            _ => None,
+        };
+        if forced.is_some() && x.response_format.is_some() {
+            return Err(convert::invalid(
+                "response_format",
+                "cannot be combined with a required or named tool_choice",
+            ));
+        }
+        if !offered.is_empty() {
+            let t = text()?;
+            if t.tool_format().is_none() {
+                return Err(convert::invalid(
+                    "tools",
+                    format!(
+                        "model {model_id} (model_type {}) has no tool-call syntax in its chat template, so it cannot be given tools",
+                        self.model.info.model_type
+                    ),
+                ));
+            }
+        }
+        let constrained = forced.is_some() || x.response_format.is_some();
+        // A chat prompt: rendered with the tools and variables; with a constraint, an open
+        // think block is closed first (the grammar covers the answer).
+        let render = |msgs: &[ChatMessage]| -> Result<(Vec<u32>, String), Status> {
+            if msgs.is_empty() {
+                return Err(convert::invalid("messages", "is empty"));
+            }
+            let t = text()?;
+            let mut rendered = t
+                .render_chat_with(msgs, true, offered, &x.template_vars)
+                .map_err(|e| status_from_engine(&e))?;
+            if constrained
+                && t.has_think_tags()
+                && colibri_engine::text::prompt_opens_think(&rendered)
+            {
+                rendered.push_str("</think>\n\n");
+            }
+            // The template wrote the special tokens itself.
+            let ids = limits::encode_text(t, &rendered, false, max_context, "messages")?;
+            Ok((ids, rendered))
+        };
+        let mut rendered_prompt = None;
+        // Automatic drafting only for greedy decoding: with sampling, speculation keeps the
+        // distribution but its acceptance is lower (as `coli run --local` does).
+        let mode = match job.draft {
+            Some(0) => DraftMode::Off,
+            Some(n) => DraftMode::Tokens(n),
+            None if job.sampling.temperature > 0.0 => DraftMode::Off,
+            // Logprobs are reported per sampled token, from that token's own logits row.
+            None if job.extras.logprobs.is_some() => DraftMode::Off,
+            None => DraftMode::Auto,
+        };
+        let mut mtp = None;
         let (cache, base_len, full, chat) = match &job.session_id {
             None => {
                 let feed = match &job.input {
@@ -544,14 +757,20 @@ impl Engine {
                         "prompt",
                     )?,
                     GenInput::Chat(msgs) => {
-                        limits::encode_chat(text()?, msgs, max_context, "messages")?.0
+                        let (ids, r) = render(msgs)?;
+                        rendered_prompt = Some(r);
+                        ids
                     }
                 };
                 let chat = match &job.input {
                     GenInput::Chat(m) => Some(m.clone()),
                     _ => None,
                 };
-                (self.model.new_cache(), 0, feed, chat)
+                // The longest prefix an earlier request left in the prefix cache.
+                match self.prefix.lookup(&feed) {
+                    Some((cache, n)) => (cache, n, feed, chat),
+                    None => (self.model.new_cache(), 0, feed, chat),
+                }
             }
             Some(sid) => {
                 let (s, _) = self.session(sid)?;
@@ -561,8 +780,9 @@ impl Engine {
                     )));
                 }
                 let mut cache = s.cache.take().expect("an idle session holds its cache");
+                mtp = s.mtp.take().filter(|_| mode != DraftMode::Off);
                 let result = (|| match &job.input {
-                    GenInput::Ids(v) => Ok((cache.len, [&s.tokens[..], v].concat(), None)),
+                    GenInput::Ids(v) => Ok((cache.len, [&s.tokens[..], v].concat(), None, None)),
                     GenInput::Text {
                         text: t,
                         add_special,
@@ -575,32 +795,40 @@ impl Engine {
                             room,
                             "prompt",
                         )?;
-                        Ok((cache.len, [&s.tokens[..], &ids].concat(), None))
+                        Ok((cache.len, [&s.tokens[..], &ids].concat(), None, None))
                     }
                     GenInput::Chat(new) => {
                         let all: Vec<ChatMessage> = s.messages.iter().chain(new).cloned().collect();
-                        let (ids, _) = limits::encode_chat(text()?, &all, max_context, "messages")?;
+                        let (ids, r) = render(&all)?;
                         // Reuse the cached prefix the re-rendered conversation shares with
                         // the history; at least one token must be fed to get logits.
-                        let common = s
+                        let agree = s
                             .tokens
                             .iter()
                             .zip(&ids)
                             .take_while(|(a, b)| a == b)
-                            .count()
-                            .min(cache.len)
-                            .min(ids.len().saturating_sub(1));
+                            .count();
+                        let mut common = agree.min(cache.len).min(ids.len().saturating_sub(1));
+                        if let Some(m) = &mut mtp {
+                            // MTP position j was built with the token at j + 1: it stays
+                            // valid while that token does. The main cache goes back as far
+                            // (a token or so more to feed) so that the two keep in step.
+                            common = common.min(m.len().min(agree.saturating_sub(1)));
+                            m.truncate(common);
+                        }
                         cache.truncate(common);
-                        Ok((common, ids, Some(all)))
+                        Ok((common, ids, Some(all), Some(r)))
                     }
                 })();
                 match result {
-                    Ok((base_len, full, chat)) => {
+                    Ok((base_len, full, chat, r)) => {
                         s.cached_len = cache.len;
+                        rendered_prompt = r;
                         (cache, base_len, full, chat)
                     }
                     Err(e) => {
                         s.cache = Some(cache);
+                        s.mtp = mtp;
                         return Err(e);
                     }
                 }
@@ -608,12 +836,25 @@ impl Engine {
         };
         let feed = full[base_len..].to_vec();
         if feed.is_empty() {
-            self.give_back(&job.session_id, cache);
+            self.give_back(&job.session_id, cache, mtp);
             return Err(convert::invalid(
                 "prompt",
                 "is empty (and the session has no pending token to continue from)",
             ));
         }
+        // How the reply is split (chat only): reasoning, tool calls with fresh ids.
+        let reply = match (&rendered_prompt, &model.text) {
+            (Some(r), Some(t)) => {
+                self.calls_made += 1;
+                let prefix = format!(
+                    "call_{:x}{:04x}_",
+                    now_unix_ms() & 0xffff_ffff,
+                    self.calls_made & 0xffff
+                );
+                t.reply_config(r, offered, &prefix)
+            }
+            _ => Default::default(),
+        };
         let mut max_tokens = job.max_tokens;
         if job.clamp_max_tokens {
             let room = self
@@ -622,7 +863,7 @@ impl Engine {
                 .max_context
                 .saturating_sub(base_len + feed.len());
             if room == 0 {
-                self.give_back(&job.session_id, cache);
+                self.give_back(&job.session_id, cache, mtp);
                 // Nothing can be generated: refused like a prompt past the context.
                 let (n, max) = (base_len + feed.len(), self.model.info.max_context);
                 return Err(convert::context_exceeded(if n > max {
@@ -643,11 +884,50 @@ impl Engine {
             sampling: job.sampling.clone(),
             stop_strings: job.stop.clone(),
             ignore_eos: job.ignore_eos,
+            logprobs: x.logprobs,
+            reply,
         };
-        let gen = match checked_generation(&self.model, cache, req) {
+        let format = match (&forced, &x.response_format) {
+            (Some(tools), _) => Some(OutputFormat::ToolCalls {
+                format: model
+                    .text
+                    .as_ref()
+                    .and_then(|t| t.tool_format())
+                    .expect("checked with the tools above"),
+                tools: tools.clone(),
+                parallel: x.parallel_tool_calls,
+            }),
+            (None, Some(f)) => Some(f.clone()),
+            _ => None,
+        };
+        let constraint = match format {
+            None => None,
+            Some(f) => match self.grammar().and_then(|g| {
+                g.constraint(text()?, &f)
+                    .map_err(|e| status_from_engine(&e))
+            }) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    self.give_back(&job.session_id, cache, mtp);
+                    return Err(e);
+                }
+            },
+        };
+        let mut gen = match checked_generation(&self.model, cache, req) {
             Ok(g) => g,
             Err((e, cache)) => {
-                self.give_back(&job.session_id, cache);
+                self.give_back(&job.session_id, cache, mtp);
+                return Err(status_from_engine(&e));
+            }
+        };
+        // The constraint first: a constrained generation is not drafted.
+        if let Some(c) = constraint {
+            gen.set_constraint(c);
+        }
+        let spec = match Speculator::new(&self.model, &gen, &job.sampling, mode, mtp) {
+            Ok(s) => s,
+            Err(e) => {
+                self.give_back(&job.session_id, gen.into_cache(), None);
                 return Err(status_from_engine(&e));
             }
         };
@@ -666,6 +946,8 @@ impl Engine {
         let _ = job.events.send(Ok(started));
         Ok(GenRow {
             gen,
+            spec,
+            spec_wanted: mode != DraftMode::Off,
             request_id: job.request_id,
             session: job.session_id,
             prompt_left: feed.len(),
@@ -676,6 +958,7 @@ impl Engine {
             return_logits: job.return_logits,
             chat,
             reply_text: String::new(),
+            reasoning_text: String::new(),
             arrived: job.arrived,
             admitted: None,
             first_token: None,
@@ -683,10 +966,39 @@ impl Engine {
         })
     }
 
-    fn give_back(&mut self, session: &Option<String>, cache: KvCache) {
+    /// The grammar compiler, built on first use (it indexes the whole vocabulary).
+    fn grammar(&mut self) -> Result<Arc<GrammarCompiler>, Status> {
+        if self.grammar.is_none() {
+            let t = Instant::now();
+            let r = match &self.model.text {
+                None => Err("the model has no tokenizer.json".to_string()),
+                Some(text) => {
+                    GrammarCompiler::new(text, self.model.info.vocab_size, &self.model.info.eos_ids)
+                        .map(Arc::new)
+                        .map_err(|e| e.to_string())
+                }
+            };
+            tracing::info!(
+                "model {}: structured output ready in {:.0} ms",
+                self.id,
+                t.elapsed().as_secs_f64() * 1e3
+            );
+            self.grammar = Some(r);
+        }
+        match self.grammar.as_ref().expect("set above") {
+            Ok(g) => Ok(Arc::clone(g)),
+            Err(e) => Err(Status::failed_precondition(format!(
+                "structured output is not available for model {}: {e}",
+                self.id
+            ))),
+        }
+    }
+
+    fn give_back(&mut self, session: &Option<String>, cache: KvCache, mtp: Option<KvCache>) {
         if let Some(s) = session.as_ref().and_then(|id| self.sessions.get_mut(id)) {
             s.cached_len = cache.len;
             s.cache = Some(cache);
+            s.mtp = mtp;
         }
     }
 
@@ -702,6 +1014,7 @@ impl Engine {
                     g.gen.finished().is_some()
                 }
                 Row::Score(s) => s.reply.as_ref().is_none_or(|r| r.is_closed()),
+                Row::Perplexity(p) => p.events.is_closed(),
             };
             if gone {
                 let row = self.active.remove(i);
@@ -715,6 +1028,7 @@ impl Engine {
             let gone = match &mut self.waiting[j] {
                 Row::Gen(g) => g.events.is_closed() || g.gen.finished().is_some(),
                 Row::Score(s) => s.reply.as_ref().is_none_or(|r| r.is_closed()),
+                Row::Perplexity(p) => p.events.is_closed(),
             };
             if gone {
                 let row = self.waiting.remove(j).expect("index checked");
@@ -747,59 +1061,115 @@ impl Engine {
             self.cfg.solo_prefill_chunk
         }
         .max(1);
-        // (row index, tokens, logits wanted): every decode row, plus the first row (in
-        // arrival order) that still has prompt to feed.
-        let mut picked: Vec<(usize, Vec<u32>, LogitsWanted)> = Vec::new();
+        let model = Arc::clone(&self.model);
+        // Every decode row (its pending token, with drafts after it when drafting), plus the
+        // first row (in arrival order) that still has prompt to feed.
+        let mut picked: Vec<Picked> = Vec::new();
+        let mut failed: Vec<(usize, Status)> = Vec::new();
         let mut prefill_taken = false;
-        for (i, row) in self.active.iter().enumerate() {
+        for (i, row) in self.active.iter_mut().enumerate() {
             match row {
-                Row::Gen(g) if g.prompt_left == 0 => {
-                    let (t, w) = g.gen.next_input(chunk);
-                    picked.push((i, t.to_vec(), w));
-                }
-                Row::Gen(g) if !prefill_taken => {
-                    prefill_taken = true;
-                    let (t, w) = g.gen.next_input(chunk);
-                    picked.push((i, t.to_vec(), w));
+                Row::Gen(g) if g.prompt_left == 0 || !prefill_taken => {
+                    prefill_taken |= g.prompt_left > 0;
+                    match g.spec.plan(&model, &mut g.gen, chunk) {
+                        Ok(plan) => picked.push(Picked {
+                            i,
+                            tokens: plan.tokens.clone(),
+                            logits: plan.logits,
+                            hidden: plan.hidden,
+                            plan: Some(plan),
+                        }),
+                        Err(e) => failed.push((i, status_from_engine(&e))),
+                    }
                 }
                 Row::Score(s) if !prefill_taken => {
                     prefill_taken = true;
                     let n = chunk.min(s.ids.len() - s.fed);
-                    picked.push((i, s.ids[s.fed..s.fed + n].to_vec(), LogitsWanted::All));
+                    picked.push(Picked {
+                        i,
+                        tokens: s.ids[s.fed..s.fed + n].to_vec(),
+                        logits: LogitsWanted::All,
+                        hidden: LogitsWanted::None,
+                        plan: None,
+                    });
+                }
+                Row::Perplexity(p) if !prefill_taken => {
+                    prefill_taken = true;
+                    let scored = chunk.min(perplexity::rows_per_chunk(self.model.info.vocab_size));
+                    let (s, e, want) = perplexity::next_chunk(p.ctx, p.fed, chunk, scored)
+                        .expect("a finished window is moved on right after its last chunk");
+                    let base = p.window * p.ctx;
+                    picked.push(Picked {
+                        i,
+                        tokens: p.ids[base + s..base + e].to_vec(),
+                        logits: want,
+                        hidden: LogitsWanted::None,
+                        plan: None,
+                    });
                 }
                 _ => {}
+            }
+        }
+        // Remove from the back so earlier indices stay valid (picked ones too).
+        for (i, st) in failed.into_iter().rev() {
+            let row = self.active.remove(i);
+            self.finish_row(row, Outcome::Failed(st));
+            for p in picked.iter_mut().filter(|p| p.i > i) {
+                p.i -= 1;
             }
         }
         if picked.is_empty() {
             return;
         }
-        let model = Arc::clone(&self.model);
+        let with_hidden = picked.iter().any(|p| p.hidden != LogitsWanted::None);
+        let t = Instant::now();
         let result = {
             let mut steps = Vec::with_capacity(picked.len());
+            // Grammars of rows that sample this step: their masks are computed while the
+            // forward pass runs (they depend only on the tokens sampled so far).
+            let mut grammars = Vec::new();
             let mut want = picked.iter().peekable();
             for (i, row) in self.active.iter_mut().enumerate() {
-                if let Some((j, tokens, logits)) = want.peek() {
-                    if *j == i {
+                if let Some(p) = want.peek() {
+                    if p.i == i {
+                        let (cache, c) = row.cache_and_constraint();
+                        if p.logits != LogitsWanted::None {
+                            grammars.extend(c);
+                        }
                         steps.push(SeqStep {
-                            cache: row.cache_mut(),
-                            tokens,
-                            logits: *logits,
+                            cache,
+                            tokens: &p.tokens,
+                            logits: p.logits,
                         });
                         want.next();
                     }
                 }
             }
+            let hidden: Vec<LogitsWanted> = picked.iter().map(|p| p.hidden).collect();
             // A bug in a kernel must not take the daemon down: the rows of this batch fail,
             // everyone else carries on.
-            let t = Instant::now();
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                model.forward(&mut steps)
-            }));
-            self.forward_time += t.elapsed();
-            r
+            std::thread::scope(|s| {
+                if !grammars.is_empty() {
+                    // A failed mask is reported again (and fails its row) when applied.
+                    s.spawn(move || {
+                        for c in grammars {
+                            let _ = c.prepare_mask();
+                        }
+                    });
+                }
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    if with_hidden {
+                        model.forward_with_hidden(&mut steps, &hidden)
+                    } else {
+                        model.forward(&mut steps).map(|out| (out, Vec::new()))
+                    }
+                }))
+            })
         };
+        let seconds = t.elapsed();
+        self.forward_time += seconds;
         self.steps += 1;
-        let out = match result {
+        let (out, hidden) = match result {
             Ok(Ok(out)) => out,
             Ok(Err(e)) => return self.fail_rows(&picked, status_from_engine(&e)),
             Err(panic) => {
@@ -812,35 +1182,81 @@ impl Engine {
                 return self.fail_rows(&picked, Status::internal(format!("engine failure: {msg}")));
             }
         };
+        let mut hidden = hidden.into_iter();
+        let vocab = model.info.vocab_size;
         let mut outcomes: Vec<(usize, Outcome)> = Vec::new();
-        for ((i, tokens, want), logits) in picked.iter().zip(out) {
-            let outcome = match &mut self.active[*i] {
+        for (p, logits) in picked.iter_mut().zip(out) {
+            let h = hidden.next().unwrap_or_default();
+            let outcome = match &mut self.active[p.i] {
                 Row::Gen(g) => {
-                    let prefill = g.prompt_left > 0;
-                    if prefill {
-                        g.prompt_left -= tokens.len().min(g.prompt_left);
-                        self.tokens_prefilled += tokens.len() as u64;
+                    if g.prompt_left > 0 {
+                        g.prompt_left -= p.tokens.len().min(g.prompt_left);
+                        self.tokens_prefilled += p.tokens.len() as u64;
                     }
-                    let l = (*want != LogitsWanted::None).then_some(logits.as_slice());
-                    match g.gen.accept(&model, tokens.len(), l) {
+                    let plan = p.plan.take().expect("generation rows are planned");
+                    // A verifying step emits up to drafts + 1 tokens, the one before the
+                    // first rejected draft last: token j came from logits row j.
+                    let mut events: Vec<StepEvent> = Vec::new();
+                    let done = g.spec.finish(
+                        &model,
+                        &mut g.gen,
+                        plan,
+                        &logits,
+                        h,
+                        seconds.as_secs_f64(),
+                        &mut |ev| events.push(ev.clone()),
+                    );
+                    match done {
                         Err(e) => Outcome::Failed(status_from_engine(&e)),
-                        Ok(ev) => {
-                            if let Some(t) = ev.token {
-                                self.tokens_generated += 1;
+                        Ok(()) => {
+                            let ids: Vec<u32> = events.iter().filter_map(|e| e.token).collect();
+                            if !ids.is_empty() {
+                                self.tokens_generated += ids.len() as u64;
                                 g.first_token.get_or_insert_with(Instant::now);
-                                g.reply_text.push_str(&ev.text);
+                                let text: String = events.iter().map(|e| e.text.as_str()).collect();
+                                let reasoning: String =
+                                    events.iter().map(|e| e.reasoning.as_str()).collect();
+                                g.reply_text.push_str(&text);
+                                g.reasoning_text.push_str(&reasoning);
+                                let logits = if g.return_logits {
+                                    logits[..(ids.len() * vocab).min(logits.len())].to_vec()
+                                } else {
+                                    Vec::new()
+                                };
+                                let logprobs = match &model.text {
+                                    Some(t) => events
+                                        .iter()
+                                        .filter_map(|e| e.logprob.as_ref())
+                                        .map(|lp| convert::token_logprob(t, lp))
+                                        .collect(),
+                                    None => Vec::new(),
+                                };
+                                let tool_calls = events
+                                    .iter_mut()
+                                    .flat_map(|e| std::mem::take(&mut e.tool_calls))
+                                    .map(|d| pb::ToolCallDelta {
+                                        index: d.index as u32,
+                                        id: d.id,
+                                        name: d.name,
+                                        arguments: d.arguments,
+                                    })
+                                    .collect();
                                 let msg = pb::GenerateEvent {
                                     event: Some(Event::Tokens(Tokens {
-                                        ids: vec![t],
-                                        text: ev.text,
-                                        logits: if g.return_logits { logits } else { Vec::new() },
+                                        ids,
+                                        text,
+                                        logits,
+                                        logprobs,
+                                        reasoning,
+                                        tool_calls,
                                     })),
                                 };
                                 if g.events.send(Ok(msg)).is_err() {
                                     g.gen.cancel();
                                 }
                             }
-                            match ev.finished.or(g.gen.finished()) {
+                            let finished = events.iter().rev().find_map(|e| e.finished);
+                            match finished.or(g.gen.finished()) {
                                 Some(r) => Outcome::Finished(r),
                                 None => Outcome::Continue,
                             }
@@ -848,18 +1264,44 @@ impl Engine {
                     }
                 }
                 Row::Score(s) => {
-                    s.fed += tokens.len();
+                    s.fed += p.tokens.len();
                     s.logits.extend_from_slice(&logits);
-                    self.tokens_prefilled += tokens.len() as u64;
+                    self.tokens_prefilled += p.tokens.len() as u64;
                     if s.fed == s.ids.len() {
                         Outcome::Finished(FinishReason::Length)
                     } else {
                         Outcome::Continue
                     }
                 }
+                Row::Perplexity(w) => {
+                    let base = w.window * w.ctx;
+                    if p.logits == LogitsWanted::All {
+                        let window = &w.ids[base..base + w.ctx];
+                        let vocab = model.info.vocab_size;
+                        w.acc.score_rows(window, w.fed, vocab, &logits, None);
+                    }
+                    w.fed += p.tokens.len();
+                    self.tokens_prefilled += p.tokens.len() as u64;
+                    if perplexity::next_chunk(w.ctx, w.fed, 1, 1).is_some() {
+                        Outcome::Continue
+                    } else {
+                        // The window is done: the next one starts from an empty cache.
+                        w.acc.windows += 1;
+                        w.window += 1;
+                        w.fed = 0;
+                        w.cache.truncate(0);
+                        if w.window == w.windows {
+                            Outcome::Finished(FinishReason::Length)
+                        } else {
+                            // A client that went away is dropped before the next step.
+                            let _ = w.events.send(Ok(w.progress(false)));
+                            Outcome::Continue
+                        }
+                    }
+                }
             };
             if !matches!(outcome, Outcome::Continue) {
-                outcomes.push((*i, outcome));
+                outcomes.push((p.i, outcome));
             }
         }
         // Remove from the back so earlier indices stay valid.
@@ -869,9 +1311,9 @@ impl Engine {
         }
     }
 
-    fn fail_rows(&mut self, picked: &[(usize, Vec<u32>, LogitsWanted)], st: Status) {
-        for (i, _, _) in picked.iter().rev() {
-            let row = self.active.remove(*i);
+    fn fail_rows(&mut self, picked: &[Picked], st: Status) {
+        for p in picked.iter().rev() {
+            let row = self.active.remove(p.i);
             self.finish_row(row, Outcome::Failed(st.clone()));
         }
     }
@@ -880,6 +1322,16 @@ impl Engine {
     fn finish_row(&mut self, row: Row, outcome: Outcome) {
         self.shared.outstanding.fetch_sub(1, Ordering::SeqCst);
         match row {
+            Row::Perplexity(p) => {
+                let msg = match outcome {
+                    Outcome::Failed(st) => Err(st),
+                    Outcome::Finished(FinishReason::Cancelled) => {
+                        Err(Status::cancelled("perplexity request cancelled"))
+                    }
+                    _ => Ok(p.progress(true)),
+                };
+                let _ = p.events.send(msg);
+            }
             Row::Score(mut s) => {
                 let Some(reply) = s.reply.take() else { return };
                 let r = match outcome {
@@ -956,31 +1408,76 @@ impl Engine {
                             .map(|c| c.hit_rate)
                             .unwrap_or(0.0),
                         expert_cache,
+                        speculation: g.spec_wanted.then(|| {
+                            let st = g.spec.stats();
+                            pb::SpeculationStats {
+                                drafted: st.drafted as u32,
+                                accepted: st.accepted as u32,
+                                steps: st.spec_steps as u32,
+                                off_reason: st.disabled.clone().unwrap_or_default(),
+                            }
+                        }),
                     };
+                    let summary = g.gen.reply_summary().cloned().unwrap_or_default();
+                    let mut reason = convert::finish_reason(reason);
+                    if reason == pb::FinishReason::Eos && !summary.tool_calls.is_empty() {
+                        reason = pb::FinishReason::ToolCalls;
+                    }
                     let _ = g.events.send(Ok(pb::GenerateEvent {
                         event: Some(Event::Finished(Finished {
-                            reason: convert::finish_reason(reason) as i32,
+                            reason: reason as i32,
                             stats: Some(stats),
                             session_id: g.session.clone().unwrap_or_default(),
+                            tool_calls: convert::pb_tool_calls(&summary.tool_calls),
+                            tool_call_incomplete: summary.incomplete_call,
                             stop_sequence: g.gen.matched_stop().unwrap_or_default().to_string(),
                         })),
                     }));
                 }
-                let Some(sid) = g.session else { return };
+                let tool_calls: Vec<ToolCall> = g
+                    .gen
+                    .reply_summary()
+                    .map(|s| s.tool_calls.clone())
+                    .unwrap_or_default();
+                let Some(sid) = g.session else {
+                    // Keep the KV for later requests with the same prefix (not a failed
+                    // step's: its cache may hold half-written positions).
+                    if reason.is_some() && self.cfg.prefix_cache_bytes > 0 {
+                        let cache = g.gen.into_cache();
+                        let mut tokens = g.full;
+                        tokens.extend_from_slice(&generated);
+                        if cache.len <= tokens.len() {
+                            tokens.truncate(cache.len);
+                            self.prefix.insert(tokens, cache);
+                        }
+                    }
+                    return;
+                };
                 let Some(s) = self.sessions.get_mut(&sid) else {
                     return;
                 };
                 let mut tokens = g.full;
                 tokens.extend_from_slice(&generated);
+                // After a failed step the caches may not agree: the MTP one goes.
+                let mtp = if matches!(outcome, Outcome::Failed(_)) {
+                    None
+                } else {
+                    g.spec.into_mtp_cache(&self.model, &g.gen)
+                };
                 let cache = g.gen.into_cache();
                 s.cached_len = cache.len;
-                s.kv_bytes = cache.size_bytes();
+                s.kv_bytes = cache.size_bytes() + mtp.as_ref().map_or(0, KvCache::size_bytes);
                 s.cache = Some(cache);
+                s.mtp = mtp;
                 s.tokens = tokens;
                 if let Some(mut msgs) = g.chat {
                     msgs.push(ChatMessage {
                         role: "assistant".into(),
                         content: g.reply_text,
+                        tool_calls,
+                        reasoning_content: (!g.reasoning_text.is_empty())
+                            .then_some(g.reasoning_text),
+                        ..Default::default()
                     });
                     s.messages = msgs;
                 }
@@ -1114,6 +1611,8 @@ impl Engine {
                 session_info(&self.id, s)
             })
             .collect();
+        // The prefix cache's KV is idle KV too.
+        idle_kv += self.prefix.bytes() as u64;
         kv += idle_kv;
         // Idle sessions' caches stay in RAM: a streamed model's expert cache makes room for
         // them (the stepped ones are reported by each forward pass).
@@ -1131,6 +1630,9 @@ impl Engine {
             tokens_prefilled: self.tokens_prefilled,
             forward_seconds: self.forward_time.as_secs_f64(),
             idle_since: self.idle_since,
+            prefix_cache_bytes: self.prefix.bytes() as u64,
+            prefix_cache_entries: self.prefix.len() as u32,
+            prefix_cache_reused_tokens: self.prefix.stats.reused_tokens,
         };
         *self.shared.published.lock().expect("published lock") = p;
     }

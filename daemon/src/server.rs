@@ -54,6 +54,15 @@ pub struct Args {
     /// Snapshot a session to disk after it has been idle this many seconds.
     #[arg(long, default_value_t = 30.0)]
     pub session_save_after: f64,
+    /// Memory per model for the prefix cache (KV of earlier requests reused by later ones
+    /// that start with the same tokens), MiB; 0 = off.
+    #[arg(long, value_name = "MIB", default_value_t = 1024)]
+    pub prefix_cache: u64,
+    /// Which prefix-cache entry is dropped first: lfu (fewest uses per time since last
+    /// use; measured best on a chat + agent mix, daemon/examples/prefix_policy.rs), lru or
+    /// largest.
+    #[arg(long, default_value = "lfu", value_parser = ["lru", "lfu", "largest"])]
+    pub prefix_cache_policy: String,
     /// Also serve the OpenAI- and Anthropic-compatible HTTP API on HOST:PORT, e.g.
     /// 127.0.0.1:11435 (docs/http.md). A non-loopback address needs --api-key.
     #[arg(long, value_name = "HOST:PORT", help_heading = "HTTP API")]
@@ -138,6 +147,9 @@ pub fn run(args: Args, memory: crate::memory::Policy) -> anyhow::Result<()> {
             prefill_chunk: args.prefill_chunk.max(1),
             solo_prefill_chunk: args.solo_prefill_chunk.max(1),
             session_save_after: Duration::from_secs_f64(args.session_save_after.max(0.0)),
+            prefix_cache_bytes: (args.prefix_cache as usize) << 20,
+            prefix_cache_policy: crate::prefix::Policy::parse(&args.prefix_cache_policy)
+                .unwrap_or(crate::prefix::Policy::Lfu),
         },
         queue: args.queue,
         stream: args.stream || args.expert_cache.is_some(),

@@ -5,7 +5,7 @@
 use crate::convert::{self, status_from_engine};
 use crate::daemon::{check_session_id, memory_stats, Daemon, LoadState};
 use crate::limits;
-use crate::scheduler::{GenInput, GenJob, Job, ScoreJob};
+use crate::scheduler::{GenInput, GenJob, Job, PerplexityJob, ScoreJob};
 use colibri_engine::experts::Key;
 use colibri_engine::model::LoadStage;
 use colibri_proto::v1 as pb;
@@ -86,13 +86,15 @@ impl Service {
         session_id: String,
         input: GenInput,
         options: Option<pb::GenerationOptions>,
+        chat: Option<&pb::ChatRequest>,
     ) -> Result<Response<BoxStream<pb::GenerateEvent>>, Status> {
         let arrived = Instant::now();
+        let o = options.unwrap_or_default();
+        let extras = convert::gen_extras(&o, chat)?;
         let h = self.model_for(model, &session_id).await?;
         if let GenInput::Text { text, .. } = &input {
             limits::check_prompt_bytes(&h.model, text.len(), "prompt")?;
         }
-        let o = options.unwrap_or_default();
         if o.request_id.len() > 128 {
             return Err(convert::invalid(
                 "options.request_id",
@@ -115,8 +117,10 @@ impl Service {
             stop: o.stop,
             ignore_eos: o.ignore_eos,
             return_logits: o.return_logits,
+            draft: o.draft_tokens.map(|n| n as usize),
             events: tx,
             arrived,
+            extras,
         };
         let admission = h.admit()?;
         h.send_admitted(admission, Job::Generate(job))?;
@@ -288,7 +292,7 @@ impl Colibri for Service {
                 add_special: req.add_special_tokens,
             }
         };
-        self.start_generation(&req.model, req.session_id, input, req.options)
+        self.start_generation(&req.model, req.session_id, input, req.options, None)
             .await
     }
 
@@ -306,8 +310,14 @@ impl Colibri for Service {
             return Err(convert::invalid(&format!("messages[{i}].role"), "is empty"));
         }
         let input = GenInput::Chat(convert::chat_messages(&req.messages));
-        self.start_generation(&req.model, req.session_id, input, req.options)
-            .await
+        self.start_generation(
+            &req.model,
+            req.session_id.clone(),
+            input,
+            req.options.clone(),
+            Some(&req),
+        )
+        .await
     }
 
     async fn tokenize(
@@ -384,6 +394,35 @@ impl Colibri for Service {
             }),
         )?;
         rx.await.map_err(|_| engine_gone())?.map(Response::new)
+    }
+
+    type PerplexityStream = BoxStream<pb::PerplexityProgress>;
+
+    async fn perplexity(
+        &self,
+        req: Request<pb::PerplexityRequest>,
+    ) -> Result<Response<Self::PerplexityStream>, Status> {
+        let req = req.into_inner();
+        let h = self.daemon.resolve(&req.model).await?;
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let admission = h.admit()?;
+        h.send_admitted(
+            admission,
+            Job::Perplexity(PerplexityJob {
+                ids: req.ids,
+                ctx: req.ctx as usize,
+                events: tx,
+            }),
+        )?;
+        // The engine answers a refused request with an error, an accepted one with a first
+        // progress message (no window done): a refusal fails the call itself.
+        match rx.recv().await {
+            Some(Ok(first)) => Ok(Response::new(Box::pin(
+                tokio_stream::once(Ok(first)).chain(UnboundedReceiverStream::new(rx)),
+            ))),
+            Some(Err(st)) => Err(st),
+            None => Err(engine_gone()),
+        }
     }
 
     async fn create_session(

@@ -19,17 +19,82 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .filter(|p| p.join("ref.json").exists())
         .collect();
     fams.sort();
+    use colibri_engine::kernels::Int8Act::{All, Off, SubByte};
+    // (label, experts, group, dense, attention, activation policy)
     let cases = [
-        ("bf16 (dense bf16)", "bf16", 64, "bf16", false),
-        ("int8", "int8", 0, "bf16", false),
-        ("int8, int8 act", "int8", 0, "bf16", true),
-        ("int8, dense int8", "int8", 0, "int8", false),
-        ("int4-g32", "int4", 32, "bf16", false),
-        ("int4-g64, f32 act", "int4", 64, "bf16", false),
-        ("int4-g64 (int8 act, default)", "int4", 64, "bf16", true),
-        ("int4 per row", "int4", 0, "bf16", false),
-        ("int2-g32", "int2", 32, "bf16", false),
-        ("int2-g64", "int2", 64, "bf16", false),
+        ("bf16 (dense bf16)", "bf16", 64, "bf16", None, Off),
+        ("int8", "int8", 0, "bf16", None, Off),
+        ("int8, int8 act", "int8", 0, "bf16", None, All),
+        ("int8, dense int8 (per row)", "int8", 0, "int8", None, Off),
+        (
+            "int8, dense int8-g64, f32 act",
+            "int8",
+            0,
+            "int8-g64",
+            None,
+            Off,
+        ),
+        (
+            "int8, dense int8-g64 (int8 act)",
+            "int8",
+            0,
+            "int8-g64",
+            None,
+            SubByte,
+        ),
+        (
+            "int8, dense int8-g32, f32 act",
+            "int8",
+            0,
+            "int8-g32",
+            None,
+            Off,
+        ),
+        (
+            "int8, dense int8-g32 (int8 act)",
+            "int8",
+            0,
+            "int8-g32",
+            None,
+            SubByte,
+        ),
+        ("int4-g32", "int4", 32, "bf16", None, Off),
+        ("int4-g64, f32 act", "int4", 64, "bf16", None, Off),
+        (
+            "int4-g64 (int8 act, default)",
+            "int4",
+            64,
+            "bf16",
+            None,
+            SubByte,
+        ),
+        ("int4 per row", "int4", 0, "bf16", None, Off),
+        (
+            "int4-g64, dense int8-g32 (int8 act)",
+            "int4",
+            64,
+            "int8-g32",
+            None,
+            SubByte,
+        ),
+        (
+            "int4-g64, dense int8-g32, attention int4-g32",
+            "int4",
+            64,
+            "int8-g32",
+            Some("int4-g32"),
+            SubByte,
+        ),
+        (
+            "int4-g64, dense int4-g32",
+            "int4",
+            64,
+            "int4-g32",
+            None,
+            SubByte,
+        ),
+        ("int2-g32", "int2", 32, "bf16", None, Off),
+        ("int2-g64", "int2", 64, "bf16", None, Off),
     ];
     println!("| family | experts | argmax = ref | max abs Δlogit | mean KL (nats) |");
     println!("|---|---|---|---|---|");
@@ -39,17 +104,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             eprintln!("{name}: skipped ({e})");
             continue;
         }
-        for (label, ex, g, dense, int8) in cases {
+        for (label, ex, g, dense, attention, mode) in cases {
             let tmp = tempfile::tempdir()?;
             let opts = ConvertOptions {
                 input: fam.clone(),
                 output: tmp.path().to_path_buf(),
                 experts: parse_format(ex, g)?,
                 dense: parse_format(dense, 0)?,
+                attention: attention.map(|a| parse_format(a, 0)).transpose()?,
             };
             convert(&opts, &())?;
             // Each row states its activation policy: f32 unless the label says int8.
-            colibri_engine::kernels::set_int8_activations(int8);
+            colibri_engine::kernels::set_int8_act_mode(mode);
             let a = evaluate(tmp.path(), fam)?;
             println!(
                 "| {name} | {label} | {}/{} | {:.4} | {:.2e} |",
@@ -82,6 +148,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("|---|---|");
     for (label, f, g) in [
         ("int8", "int8", 0),
+        ("int8-g64", "int8-g64", 0),
+        ("int8-g32", "int8-g32", 0),
         ("int4-g32", "int4", 32),
         ("int4-g64", "int4", 64),
         ("int4-g128", "int4", 128),

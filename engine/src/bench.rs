@@ -29,6 +29,8 @@ pub struct KernelReport {
     pub buffer_bytes: usize,
     pub bandwidth: f64,
     pub kernels: Vec<KernelResult>,
+    /// Prefill products (64 tokens): name, multiply-accumulates per second.
+    pub gemm: Vec<(String, f64)>,
 }
 
 fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
@@ -112,6 +114,14 @@ pub fn kernel_report(bytes: usize, threads: usize, reps: usize) -> KernelReport 
             ("int8 (f32 act)".into(), WeightFormat::I8Row, false),
             ("int8 (int8 act)".into(), WeightFormat::I8Row, true),
             (
+                "int8-g32 (int8 act)".into(),
+                WeightFormat::I8 {
+                    group: 32,
+                    scale: ScaleType::F16,
+                },
+                true,
+            ),
+            (
                 "int4-g64 (f32 act)".into(),
                 WeightFormat::I4 {
                     group: 64,
@@ -163,12 +173,50 @@ pub fn kernel_report(bytes: usize, threads: usize, reps: usize) -> KernelReport 
         let buf = random_bytes(bytes, 2);
         bandwidth = bandwidth.max(read_bandwidth(&buf, reps));
         drop(buf);
+        // Prefill: 64 tokens through an 8 MiB matrix (compute-bound: the weights stay in
+        // cache), as multiply-accumulates per second.
+        let mut gemm = Vec::new();
+        let n = 64;
+        let xs: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+            .collect();
+        for (name, format, int8) in [
+            ("bf16", WeightFormat::BF16, false),
+            (
+                "int8-g32 (int8 act)",
+                WeightFormat::I8 {
+                    group: 32,
+                    scale: ScaleType::F16,
+                },
+                true,
+            ),
+            (
+                "int4-g64 (int8 act)",
+                WeightFormat::I4 {
+                    group: 64,
+                    scale: ScaleType::F16,
+                },
+                true,
+            ),
+        ] {
+            let row = format.row_bytes(cols) + format.scale_row_bytes(cols);
+            let rows = ((8 << 20) / row).max(1);
+            let mut m = random_matrix(rows, cols, format, 9);
+            m.int8_act = int8;
+            let mut out = vec![0f32; rows * n];
+            let t = best_of(reps, || {
+                m.matmul(&xs, n, &mut out);
+                std::hint::black_box(&out);
+            });
+            gemm.push((name.to_string(), (rows * cols * n) as f64 / t));
+        }
         KernelReport {
             threads,
             level: kernels::level().name(),
             buffer_bytes: bytes,
             bandwidth,
             kernels,
+            gemm,
         }
     })
 }
@@ -177,8 +225,8 @@ impl std::fmt::Display for KernelReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "kernels: {} · {} threads · {:.0} MiB per matrix",
-            self.level,
+            "{} · {} threads · {:.0} MiB per matrix",
+            kernels::isa_report(),
             self.threads,
             self.buffer_bytes as f64 / (1 << 20) as f64
         )?;
@@ -195,6 +243,10 @@ impl std::fmt::Display for KernelReport {
                 k.bytes_per_s / 1e9,
                 100.0 * k.bytes_per_s / self.bandwidth
             )?;
+        }
+        writeln!(f, "prefill products (64 tokens, 8 MiB matrix in cache):")?;
+        for (name, macs) in &self.gemm {
+            writeln!(f, "  {:<22} {:>6.1} GMAC/s", name, macs / 1e9)?;
         }
         Ok(())
     }
@@ -421,9 +473,9 @@ impl std::fmt::Display for ModelBench {
         let kernel = reads * decode;
         writeln!(
             f,
-            "threads {} · kernels {} · KV cache {} · load {:.1} s",
+            "threads {} · {} · KV cache {} · load {:.1} s",
             self.threads,
-            kernels::level().name(),
+            kernels::isa_report(),
             self.kv_dtype,
             self.load_s
         )?;

@@ -11,6 +11,7 @@
 //! - [`sample`] — samplers.
 //! - [`generate`]: the step-by-step generation state machine shared by CLI and daemon.
 //! - [`speculative`]: speculative decoding with the model's MTP layers.
+//! - [`perplexity`]: llama-perplexity's windowed perplexity (and KL against a reference).
 
 pub mod arch;
 pub mod bench;
@@ -22,9 +23,11 @@ pub mod generate;
 pub mod kernels;
 pub mod kv;
 pub mod model;
+pub mod perplexity;
 pub mod quant;
 pub mod sample;
 pub mod speculative;
+pub mod structured;
 pub mod synth;
 pub mod tensor;
 pub mod text;
@@ -34,4 +37,4 @@ pub use generate::{FinishReason, GenerateRequest, Generation, StepEvent};
 pub use kv::KvCache;
 pub use model::{LogitsWanted, Model, ModelInfo, SeqStep};
 pub use sample::{Sampler, SamplingParams};
-pub use speculative::{DraftMode, SpecStats, SpeculativeGeneration};
+pub use speculative::{DraftMode, SpecStats, SpeculativeGeneration, Speculator, StepPlan};

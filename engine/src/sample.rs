@@ -24,6 +24,14 @@ pub struct SamplingParams {
     /// 1.0 = off.
     pub repetition_penalty: f32,
     pub seed: u64,
+    /// OpenAI's penalties over the generated tokens (not the prompt): a token's logit drops
+    /// by `frequency_penalty` per earlier occurrence and by `presence_penalty` once it has
+    /// occurred. 0 = off; applied by [`crate::Generation`] before the processors above.
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    /// OpenAI's logit_bias: (token, bias added to its logit), bias in [-100, 100]; applied
+    /// with the penalties above. A bias of -100 bans a token, 100 all but forces it.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -35,6 +43,9 @@ impl Default for SamplingParams {
             min_p: 0.0,
             repetition_penalty: 1.0,
             seed: 0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -71,7 +82,40 @@ impl SamplingParams {
                 format!("must be a finite number > 0 (1 = off), got {r}"),
             ));
         }
+        for (name, v) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(Error::invalid(
+                    name,
+                    format!("must be in [-2, 2] (0 = off), got {v}"),
+                ));
+            }
+        }
+        if self.logit_bias.len() > MAX_LOGIT_BIAS {
+            return Err(Error::invalid(
+                "logit_bias",
+                format!(
+                    "{} entries; at most {MAX_LOGIT_BIAS}",
+                    self.logit_bias.len()
+                ),
+            ));
+        }
+        for &(id, b) in &self.logit_bias {
+            if !(-100.0..=100.0).contains(&b) {
+                return Err(Error::invalid(
+                    "logit_bias",
+                    format!("the bias of token {id} must be in [-100, 100], got {b}"),
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Whether the OpenAI penalties or a logit bias change anything.
+    pub fn adjusts_logits(&self) -> bool {
+        self.frequency_penalty != 0.0 || self.presence_penalty != 0.0 || !self.logit_bias.is_empty()
     }
 
     /// Whether sampling reduces to argmax.
@@ -288,6 +332,81 @@ pub fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], penalty: f3
             logits[i] = if x > 0.0 { x / penalty } else { x * penalty };
         }
     }
+}
+
+/// Most `logit_bias` entries one request may carry (OpenAI's limit is 300; a large vocabulary
+/// ban list is the reason to allow more).
+pub const MAX_LOGIT_BIAS: usize = 4096;
+
+/// OpenAI's logit_bias: each listed token's logit moves by its bias. Ids outside the row are
+/// ignored (callers check them against the vocabulary first).
+pub fn apply_logit_bias(logits: &mut [f32], bias: &[(u32, f32)]) {
+    for &(id, b) in bias {
+        if let Some(x) = logits.get_mut(id as usize) {
+            *x += b;
+        }
+    }
+}
+
+/// OpenAI's frequency and presence penalties: `counts` holds (token, occurrences in the
+/// generated text so far). Ids outside the row are ignored.
+pub fn apply_occurrence_penalties(
+    logits: &mut [f32],
+    counts: &std::collections::HashMap<u32, u32>,
+    frequency: f32,
+    presence: f32,
+) {
+    for (&id, &n) in counts {
+        if let Some(x) = logits.get_mut(id as usize) {
+            *x -= frequency * n as f32 + if n > 0 { presence } else { 0.0 };
+        }
+    }
+}
+
+/// The log-probability of `id` under softmax(`logits`) and the `top` most likely tokens
+/// (highest first, lowest id first among equals). NaN logits count as impossible.
+pub fn logprobs(logits: &[f32], id: u32, top: usize) -> (f32, Vec<(u32, f32)>) {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|x| !x.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        return (f32::NEG_INFINITY, Vec::new());
+    }
+    let sum: f64 = logits
+        .iter()
+        .filter(|x| !x.is_nan())
+        .map(|&x| ((x - max) as f64).exp())
+        .sum();
+    let lse = max as f64 + sum.ln();
+    let lp = |x: f32| {
+        if x.is_nan() {
+            f32::NEG_INFINITY
+        } else {
+            (x as f64 - lse) as f32
+        }
+    };
+    let chosen = logits
+        .get(id as usize)
+        .copied()
+        .map(lp)
+        .unwrap_or(f32::NEG_INFINITY);
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
+    if top > 0 {
+        for (i, &x) in logits.iter().enumerate() {
+            if x.is_nan() {
+                continue;
+            }
+            if best.len() == top && x <= best[top - 1].1 {
+                continue;
+            }
+            let at = best.partition_point(|b| b.1 >= x);
+            best.insert(at, (i as u32, x));
+            best.truncate(top);
+        }
+    }
+    (chosen, best.into_iter().map(|(i, x)| (i, lp(x))).collect())
 }
 
 /// Index of the largest value; the lowest index wins ties (as torch.argmax). NaN entries are
@@ -608,6 +727,37 @@ mod tests {
     }
 
     #[test]
+    fn occurrence_penalties_and_logprobs() {
+        let mut l = vec![1.0, 2.0, 3.0, 4.0];
+        let counts = std::collections::HashMap::from([(1u32, 2u32), (3, 1), (9, 5)]);
+        apply_occurrence_penalties(&mut l, &counts, 0.5, 0.25);
+        assert_eq!(l, vec![1.0, 2.0 - 1.0 - 0.25, 3.0, 4.0 - 0.5 - 0.25]);
+
+        // log-softmax of [ln 0.5, ln 0.25, ln 0.25] is exactly those logs.
+        let p = [0.5f32, 0.25, 0.25];
+        let (lp, top) = logprobs(&ln(&p), 1, 2);
+        assert!((lp - 0.25f32.ln()).abs() < 1e-6);
+        assert_eq!(top.len(), 2);
+        assert_eq!((top[0].0, top[1].0), (0, 1), "ties: lowest id first");
+        assert!((top[0].1 - 0.5f32.ln()).abs() < 1e-6);
+        // Shifting the logits changes nothing; -inf and NaN are impossible tokens.
+        let (lp2, _) = logprobs(
+            &[
+                100.0 + 0.5f32.ln(),
+                100.0 + 0.25f32.ln(),
+                100.0 + 0.25f32.ln(),
+            ],
+            1,
+            0,
+        );
+        assert!((lp - lp2).abs() < 1e-5);
+        let (lp, top) = logprobs(&[0.0, f32::NEG_INFINITY, f32::NAN], 1, 5);
+        assert_eq!(lp, f32::NEG_INFINITY);
+        assert_eq!(top.len(), 2);
+        assert_eq!(top[0], (0, 0.0));
+    }
+
+    #[test]
     fn validate_names_the_field() {
         let field = |p: SamplingParams| match p.validate() {
             Err(Error::InvalidArgument { field, .. }) => field,
@@ -651,15 +801,54 @@ mod tests {
                 "repetition_penalty"
             );
         }
+        for v in [2.5, -2.01, f32::NAN] {
+            assert_eq!(
+                field(SamplingParams {
+                    frequency_penalty: v,
+                    ..d.clone()
+                }),
+                "frequency_penalty"
+            );
+            assert_eq!(
+                field(SamplingParams {
+                    presence_penalty: v,
+                    ..d.clone()
+                }),
+                "presence_penalty"
+            );
+        }
         assert!(SamplingParams {
             temperature: 0.7,
             top_p: 1.0,
             min_p: 0.0,
             top_k: 40,
             repetition_penalty: 1.1,
-            seed: 1
+            seed: 1,
+            frequency_penalty: 0.5,
+            presence_penalty: -2.0,
+            logit_bias: vec![(3, -100.0), (7, 100.0)],
         }
         .validate()
         .is_ok());
+        for bias in [
+            vec![(1, 100.5)],
+            vec![(1, f32::NAN)],
+            vec![(0, 0.0); MAX_LOGIT_BIAS + 1],
+        ] {
+            assert_eq!(
+                field(SamplingParams {
+                    logit_bias: bias,
+                    ..d.clone()
+                }),
+                "logit_bias"
+            );
+        }
+    }
+
+    #[test]
+    fn logit_bias_moves_the_listed_logits_only() {
+        let mut logits = vec![1.0, 2.0, 3.0, 4.0];
+        apply_logit_bias(&mut logits, &[(0, 10.0), (3, -100.0), (99, 5.0)]);
+        assert_eq!(logits, vec![11.0, 2.0, 3.0, -96.0]);
     }
 }

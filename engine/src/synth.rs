@@ -226,7 +226,7 @@ impl Source for RandomSource {
         }
         // Standard deviation of the codes of each format when uniformly random.
         let code_std = match format {
-            WeightFormat::I8Row => 73.9,
+            WeightFormat::I8Row | WeightFormat::I8 { .. } => 73.9,
             WeightFormat::I4 { .. } => 4.61,
             WeightFormat::I2 { .. } => 1.118,
             _ => return None,

@@ -7,7 +7,6 @@
 use crate::container::{DType, MappedFile, TensorRef};
 use crate::error::Result;
 use crate::kernels;
-use rayon::prelude::*;
 use std::sync::Arc;
 
 /// Where a matrix's bytes live.
@@ -78,6 +77,12 @@ pub enum WeightFormat {
     F16,
     /// int8, symmetric, one f32 scale per row.
     I8Row,
+    /// int8, symmetric, one scale per `group` elements of a row (a multiple of 32): for
+    /// dense matrices, where one scale per row is too coarse (docs/FORMAT.md).
+    I8 {
+        group: u32,
+        scale: ScaleType,
+    },
     /// int4, symmetric, stored as `q + 8` in a nibble, even element in the low nibble;
     /// one scale per `group` elements of a row.
     I4 {
@@ -107,7 +112,7 @@ impl WeightFormat {
         match self {
             WeightFormat::F32 => cols * 4,
             WeightFormat::BF16 | WeightFormat::F16 => cols * 2,
-            WeightFormat::I8Row => cols,
+            WeightFormat::I8Row | WeightFormat::I8 { .. } => cols,
             WeightFormat::I4 { .. } => cols.div_ceil(2),
             WeightFormat::I2 { .. } | WeightFormat::I2Plain => cols.div_ceil(4),
             WeightFormat::I3G64 => cols.div_ceil(64) * 24,
@@ -120,13 +125,13 @@ impl WeightFormat {
             WeightFormat::F32 | WeightFormat::BF16 | WeightFormat::F16 => None,
             WeightFormat::I8Row | WeightFormat::I2Plain => Some(cols.max(1)),
             WeightFormat::I3G64 => Some(64),
-            WeightFormat::I4 { group, .. } | WeightFormat::I2 { group, .. } => {
-                Some(if group == 0 {
-                    cols.max(1)
-                } else {
-                    group as usize
-                })
-            }
+            WeightFormat::I8 { group, .. }
+            | WeightFormat::I4 { group, .. }
+            | WeightFormat::I2 { group, .. } => Some(if group == 0 {
+                cols.max(1)
+            } else {
+                group as usize
+            }),
         }
     }
 
@@ -141,7 +146,9 @@ impl WeightFormat {
             WeightFormat::I8Row | WeightFormat::I3G64 | WeightFormat::I2Plain => {
                 Some(ScaleType::F32)
             }
-            WeightFormat::I4 { scale, .. } | WeightFormat::I2 { scale, .. } => Some(scale),
+            WeightFormat::I8 { scale, .. }
+            | WeightFormat::I4 { scale, .. }
+            | WeightFormat::I2 { scale, .. } => Some(scale),
         }
     }
 
@@ -162,6 +169,8 @@ impl WeightFormat {
             WeightFormat::BF16 => "bf16".into(),
             WeightFormat::F16 => "f16".into(),
             WeightFormat::I8Row => "int8".into(),
+            WeightFormat::I8 { group: 0, .. } => "int8-row".into(),
+            WeightFormat::I8 { group, .. } => format!("int8-g{group}"),
             WeightFormat::I4 { group: 0, .. } => "int4-row".into(),
             WeightFormat::I4 { group, .. } => format!("int4-g{group}"),
             WeightFormat::I2 { group: 0, .. } => "int2-row".into(),
@@ -210,9 +219,7 @@ impl Matrix {
                 q.scales.clone(),
             )
             .map_err(|msg| t.bad(msg))?;
-            m.int8_act = q.routed_expert
-                && kernels::int8_act_for(format)
-                && kernels::q8_supported(format, cols);
+            m.int8_act = kernels::int8_act_for(format) && kernels::q8_supported(format, cols);
             return Ok(m);
         }
         t.expect_shape(&[rows, cols])?;
@@ -327,71 +334,49 @@ impl Matrix {
         kernels::decode_row(self.format, self.row_bytes(r), self.row_scales(r), out);
     }
 
-    /// `dot(row r, x)` with f32 activations.
+    /// `dot(row r, x)` with f32 activations (reference kernel: tests, one-off dots).
     #[inline]
     pub fn row_dot(&self, r: usize, x: &[f32]) -> f32 {
         kernels::dot(self.format, self.row_bytes(r), self.row_scales(r), x)
     }
 
-    /// Prepares `n` activation rows for this matrix's kernels.
-    fn prepare(&self, x: &[f32], n: usize) -> Vec<kernels::Act> {
-        let c = self.cols;
-        if n > 1 {
-            (0..n)
-                .into_par_iter()
-                .map(|i| kernels::prepare(self.format, &x[i * c..(i + 1) * c], self.int8_act))
-                .collect()
-        } else {
-            vec![kernels::prepare(self.format, &x[..c], self.int8_act)]
+    /// The matrix as the kernels see it (borrowed bytes).
+    pub fn weights(&self) -> kernels::Weights<'_> {
+        kernels::Weights {
+            format: self.format,
+            rows: self.rows,
+            cols: self.cols,
+            data: self.data.bytes(),
+            scales: self.scales.as_ref().map_or(&[], |s| s.bytes()),
+            int8: self.int8_act && kernels::q8_supported(self.format, self.cols),
         }
     }
 
     /// `out[i][r] = dot(row r, x[i])` for `n` input rows `x` (`n × cols`, row-major);
-    /// `out` is `n × rows`. Parallel over blocks of output rows; each block of weight rows is
-    /// applied to every input row while it is in cache, so a batch reads the weights once.
-    /// Every (row, input) pair goes through the same kernel whatever `n` is, so a sequence's
-    /// logits do not depend on what it was batched with.
+    /// `out` is `n × rows`. Runs as register tiles of weight rows × input rows on the
+    /// thread team, so a batch reads the weights once; every (row, input) pair is computed
+    /// the same way whatever `n` is, so a sequence's logits do not depend on what it was
+    /// batched with.
     pub fn matmul(&self, x: &[f32], n: usize, out: &mut [f32]) {
-        debug_assert_eq!(x.len(), n * self.cols);
-        debug_assert_eq!(out.len(), n * self.rows);
-        if n == 0 || self.rows == 0 {
-            return;
-        }
-        let acts = self.prepare(x, n);
-        let (f, acts) = (self.format, &acts);
-        if n == 1 {
-            // One input row: output rows are contiguous, no transpose needed.
-            out.par_chunks_mut(64).enumerate().for_each(|(b, chunk)| {
-                for (j, o) in chunk.iter_mut().enumerate() {
-                    let r = b * 64 + j;
-                    *o = kernels::dot_act(f, self.row_bytes(r), self.row_scales(r), &acts[0]);
-                }
-            });
-            return;
-        }
-        // Output computed transposed (rows × n) so each thread writes a contiguous block; a
-        // block of 16 weight rows (a few KiB to a few tens of KiB) stays in L1/L2 while every
-        // input row passes over it.
-        const BLOCK: usize = 16;
-        let mut t = vec![0f32; self.rows * n];
-        t.par_chunks_mut(BLOCK * n)
-            .enumerate()
-            .for_each(|(b, chunk)| {
-                let r0 = b * BLOCK;
-                let nr = chunk.len() / n;
-                for (i, act) in acts.iter().enumerate() {
-                    for j in 0..nr {
-                        let r = r0 + j;
-                        chunk[j * n + i] =
-                            kernels::dot_act(f, self.row_bytes(r), self.row_scales(r), act);
-                    }
-                }
-            });
-        for r in 0..self.rows {
-            for i in 0..n {
-                out[i * self.rows + r] = t[r * n + i];
-            }
-        }
+        self.matmul_input(&kernels::Input::with_cols(x, n, self.cols), out);
+    }
+
+    /// As [`Matrix::matmul`] on activations prepared once ([`kernels::Input`]) and shared
+    /// with other matrices that read the same input.
+    pub fn matmul_input(&self, input: &kernels::Input, out: &mut [f32]) {
+        kernels::matmul(&self.weights(), input, out);
+    }
+
+    /// Several matrices that read the same input (q/k/v, gate/up), in one parallel region:
+    /// `outs[i]` is `input.n × mats[i].rows`.
+    pub fn matmul_many(mats: &[&Matrix], input: &kernels::Input, outs: &mut [&mut [f32]]) {
+        assert_eq!(mats.len(), outs.len(), "one output per matrix");
+        let mut jobs: Vec<(kernels::Weights, &mut [f32])> = mats
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|(m, o)| (m.weights(), &mut **o))
+            .collect();
+        kernels::matmul_many(&mut jobs, input);
     }
 }
 

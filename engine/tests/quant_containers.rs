@@ -40,6 +40,7 @@ fn convert_to(fam: &Path, out: &Path, experts: WeightFormat, dense: WeightFormat
         output: out.to_path_buf(),
         experts,
         dense,
+        attention: None,
     };
     convert(&opts, &()).unwrap_or_else(|e| panic!("converting {}: {e}", fam.display()));
 }
@@ -397,6 +398,7 @@ fn an_interrupted_conversion_resumes_to_the_same_bytes() {
         output: cut.path().to_path_buf(),
         experts: WeightFormat::I8Row,
         dense: WeightFormat::BF16,
+        attention: None,
     };
     let e = convert(&opts, &()).unwrap_err().to_string();
     assert!(e.contains("other options"), "{e}");
@@ -417,6 +419,7 @@ fn a_live_lock_stops_a_second_converter() {
         output: out.path().to_path_buf(),
         experts: WeightFormat::I8Row,
         dense: WeightFormat::BF16,
+        attention: None,
     };
     let e = convert(&opts, &()).unwrap_err().to_string();
     assert!(e.contains("another converter"), "{e}");

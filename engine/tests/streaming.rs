@@ -214,6 +214,7 @@ fn streamed_experts_are_bit_identical_on_every_family() {
             output: tmp.path().to_path_buf(),
             experts: parse_format("int4", 32).unwrap(),
             dense: WeightFormat::BF16,
+            attention: None,
         };
         convert(&o, &()).unwrap();
         check_family(tmp.path(), &ids, &format!("{name} (int4 container)"));
@@ -229,6 +230,7 @@ fn container_experts_are_one_aligned_read_each() {
         output: tmp.path().to_path_buf(),
         experts: parse_format("int4", 32).unwrap(),
         dense: WeightFormat::BF16,
+        attention: None,
     };
     convert(&o, &()).unwrap();
     let mut m = Model::load(tmp.path()).unwrap();

@@ -593,6 +593,7 @@ async fn one_request(
                         messages: vec![pb::ChatMessage {
                             role: "user".into(),
                             content: big.to_string(),
+                            ..Default::default()
                         }],
                         options: options(4, 0.0, 0),
                         ..Default::default()

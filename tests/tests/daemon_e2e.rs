@@ -650,6 +650,7 @@ async fn chat_session_reuses_its_cache_and_shutdown_rpc_exits_cleanly() {
     let msg = |role: &str, content: &str| pb::ChatMessage {
         role: role.into(),
         content: content.into(),
+        ..Default::default()
     };
     let chat = |session: &str, m: Vec<pb::ChatMessage>| pb::ChatRequest {
         model: id.clone(),
@@ -660,6 +661,7 @@ async fn chat_session_reuses_its_cache_and_shutdown_rpc_exits_cleanly() {
             ignore_eos: true,
             ..Default::default()
         }),
+        ..Default::default()
     };
     match c.chat(chat("", vec![msg("user", "hello")])).await {
         Err(e) if e.code() == Code::FailedPrecondition => {
@@ -1128,9 +1130,20 @@ async fn finished_stats_carry_the_requests_expert_cache_delta_and_expert_stats_a
     // A second request's delta is its own: the totals are the sum of both.
     let prompt2 = &r.input_ids[..r.input_ids.len().min(6)];
     let run2 = generate(&mut c, greedy(&id, prompt2, 3)).await.unwrap();
-    let second = run2.stats.unwrap().expert_cache.unwrap();
+    let stats2 = run2.stats.unwrap();
+    let second = stats2.expert_cache.clone().unwrap();
     check_cache_stats(&second);
-    assert_eq!(second.tokens, (prompt2.len() + 3 - 1) as u64, "{second:?}");
+    // Its prompt shares a prefix with the first one's: the prefix cache serves that part,
+    // and only the rest goes through the MoE layers.
+    assert_eq!(
+        (stats2.prompt_tokens + stats2.cached_tokens) as usize,
+        prompt2.len()
+    );
+    assert_eq!(
+        second.tokens,
+        (stats2.prompt_tokens + 3 - 1) as u64,
+        "{second:?}"
+    );
     let total = settled_cache(&mut c).await;
     let sum: Vec<u64> = counters(&first)
         .iter()

@@ -100,6 +100,7 @@ async fn texts_that_cannot_fit_are_refused_before_tokenizing_and_the_rest_still_
     let msgs = vec![pb::ChatMessage {
         role: "user".into(),
         content: big.clone(),
+        ..Default::default()
     }];
     let e = c
         .chat(pb::ChatRequest {

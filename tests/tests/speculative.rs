@@ -423,3 +423,97 @@ fn asking_for_drafts_without_mtp_is_an_error() {
     assert_eq!(run_spec(&model, &mut s), r.greedy_ids);
     assert_eq!(s.stats().spec_steps, 0);
 }
+
+/// A generation that continues a sequence drafts with the MTP cache the previous one left
+/// (the daemon's sessions): greedy output over two requests equals one plain greedy run, the
+/// second request drafts, and its MTP cache is what one pass over the whole sequence builds.
+/// Without that MTP cache, asking for drafts is refused and Auto decodes plainly.
+#[test]
+fn continued_sequence_drafts_with_the_mtp_cache_it_left() {
+    use colibri_engine::{LogitsWanted, SeqStep};
+    for family in ["deepseek_v3", "glm_moe_dsa"] {
+        let model = Model::load(&fixture(family)).unwrap();
+        let r = Reference::load(family);
+        for split in [1, 3, r.greedy_ids.len() / 2] {
+            let mut first = greedy_request(&r);
+            first.max_tokens = split;
+            let mut s =
+                SpeculativeGeneration::new(&model, model.new_cache(), first, DraftMode::Tokens(2))
+                    .unwrap();
+            let mut out = run_spec(&model, &mut s);
+            let (gen, mtp) = s.into_parts(&model);
+            let mtp = mtp.expect("still drafting: the MTP cache is handed on");
+            let pending = gen.pending_token().unwrap();
+            let cache = gen.into_cache();
+            assert_eq!(
+                mtp.len(),
+                cache.len(),
+                "{family}: caught up with the main cache"
+            );
+            let second = GenerateRequest {
+                prompt: vec![pending],
+                max_tokens: r.greedy_ids.len() - split,
+                sampling: SamplingParams::default(),
+                ignore_eos: true,
+                ..Default::default()
+            };
+            // Without the MTP cache: refused when asked for, plain under Auto.
+            assert!(SpeculativeGeneration::continuing(
+                &model,
+                cache.clone(),
+                None,
+                second.clone(),
+                DraftMode::Tokens(2)
+            )
+            .is_err());
+            let auto = SpeculativeGeneration::continuing(
+                &model,
+                cache.clone(),
+                None,
+                second.clone(),
+                DraftMode::Auto,
+            )
+            .unwrap();
+            assert!(auto.stats().disabled.is_some());
+            let mut s = SpeculativeGeneration::continuing(
+                &model,
+                cache,
+                Some(mtp),
+                second,
+                DraftMode::Tokens(2),
+            )
+            .unwrap();
+            out.extend(run_spec(&model, &mut s));
+            assert_eq!(out, r.greedy_ids, "{family}, split after {split}");
+            let st = s.stats();
+            report(&format!("{family} continued after {split}, MTP, k=2"), st);
+            assert!(st.drafted > 0, "{family}: the continuation drafted");
+            // The MTP cache equals one pass over the sequence.
+            let got = s.mtp_cache().unwrap();
+            let m = got.len();
+            let seq = &r.input_ids;
+            let mut cache = model.new_cache();
+            let mut step = [SeqStep {
+                cache: &mut cache,
+                tokens: &seq[..m],
+                logits: LogitsWanted::None,
+            }];
+            let (_, hidden) = model
+                .net
+                .forward_with_hidden(&mut step, &[LogitsWanted::All]);
+            let mut want = model.net.new_mtp_cache(0);
+            model
+                .net
+                .mtp_forward(0, &mut want, &seq[1..m + 1], &hidden[0], LogitsWanted::None);
+            let d = colibri_tests::max_abs_diff(
+                &got.layers[0].k.to_f32_vec(),
+                &want.layers[0].k.to_f32_vec(),
+            )
+            .max(colibri_tests::max_abs_diff(
+                &got.layers[0].extra,
+                &want.layers[0].extra,
+            ));
+            assert!(d < 1e-4, "{family}: MTP cache differs by {d}");
+        }
+    }
+}

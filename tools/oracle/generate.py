@@ -154,6 +154,9 @@ def cfg_olmoe(v):
 def cfg_qwen3_moe(v):
     c = common(v)
     c["tie_word_embeddings"] = True
+    # Room for the real Qwen3 chat template's tool prompt (chat_template.jinja below); the
+    # default RoPE does not depend on it.
+    c["max_position_embeddings"] = 2048
     return transformers.Qwen3MoeConfig(**c, num_key_value_heads=2, head_dim=32, intermediate_size=64,
                                        moe_intermediate_size=32, num_hidden_layers=3, mlp_only_layers=[1],
                                        decoder_sparse_step=1, num_experts=8, num_experts_per_tok=2,
@@ -606,6 +609,11 @@ def generate_family(family: str, out_root: Path, tok: Tokenizer, max_tries: int 
     (out / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=2, ensure_ascii=False) + "\n")
+    if family == "qwen3_moe":
+        # The real Qwen3 chat template (tools, tool calls, think tags): tool-calling tests
+        # run on this fixture. chat_template.jinja takes precedence over tokenizer_config's.
+        shutil.copy(Path(__file__).resolve().parents[2] / "tests/fixtures/templates/qwen3.jinja",
+                    out / "chat_template.jinja")
 
     # ---- verify: reload from the folder and compare ----
     reloaded = load_model(cls, str(out))

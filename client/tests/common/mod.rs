@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::Once;
 
 pub fn fixtures() -> PathBuf {
@@ -67,4 +67,68 @@ pub fn ensure_daemon_binary() {
             daemon.display()
         );
     });
+}
+
+/// A daemon endpoint private to one test: its socket and state folder live in a temporary
+/// folder, and the daemon is stopped when the test ends (even on failure).
+pub struct Daemon {
+    pub dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    pub fn new() -> Daemon {
+        ensure_daemon_binary();
+        Daemon {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("run").join("colibrid.sock")
+    }
+
+    pub fn coli(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_coli"))
+            .arg("--socket")
+            .arg(self.socket())
+            .args(args)
+            .env("COLIBRI_STATE_DIR", self.dir.path().join("state"))
+            .env_remove("COLI_SOCKET")
+            .env_remove("COLI_NO_AUTOSTART")
+            .output()
+            .expect("spawn coli")
+    }
+
+    /// Runs coli and returns stdout, failing the test on a non-zero exit.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let o = self.coli(args);
+        assert!(
+            o.status.success(),
+            "coli {args:?} failed: {}\ndaemon log: {}",
+            String::from_utf8_lossy(&o.stderr),
+            std::fs::read_to_string(self.dir.path().join("state/colibrid.log")).unwrap_or_default()
+        );
+        String::from_utf8(o.stdout).unwrap()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.coli(&["stop", "--timeout", "30"]);
+    }
+}
+
+/// Runs coli in-process (`--local` in `args`), never touching a daemon.
+pub fn local(args: &[&str]) -> String {
+    let o = Command::new(env!("CARGO_BIN_EXE_coli"))
+        .args(args)
+        .env("COLI_SOCKET", "/nonexistent/colibri-test.sock")
+        .output()
+        .expect("spawn coli");
+    assert!(
+        o.status.success(),
+        "coli {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
 }

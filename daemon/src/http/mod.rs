@@ -321,6 +321,10 @@ pub struct Sampling {
     pub min_p: Option<f32>,
     pub repetition_penalty: Option<f32>,
     pub seed: Option<u64>,
+    /// OpenAI's frequency / presence penalties and logit_bias (token id, bias).
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Sampling {
@@ -361,6 +365,9 @@ impl Sampling {
                     .unwrap_or(1.0),
             ),
             seed: Some(seed),
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            logit_bias: self.logit_bias.iter().copied().collect(),
         }
     }
 }
@@ -377,6 +384,11 @@ pub struct GenParams {
     pub include_usage: bool,
     /// vLLM's extension: the generated token ids in the answer.
     pub return_token_ids: bool,
+    /// Each generated token's log-probability, with this many alternatives (0..=20).
+    pub logprobs: bool,
+    pub top_logprobs: u32,
+    /// Structured output (json_object / json_schema); None = free text.
+    pub response_format: Option<pb::ResponseFormat>,
 }
 
 impl GenParams {
@@ -387,6 +399,9 @@ impl GenParams {
             clamp_max_tokens: true,
             stop: self.stop.clone(),
             ignore_eos: self.ignore_eos,
+            logprobs: self.logprobs,
+            top_logprobs: self.top_logprobs,
+            response_format: self.response_format.clone(),
             ..Default::default()
         }
     }
@@ -398,6 +413,10 @@ pub struct Collected {
     pub started: pb::generate_event::Started,
     pub text: String,
     pub ids: Vec<u32>,
+    /// The reasoning (text between think tags) and the tokens' log-probabilities, when the
+    /// request asked for them.
+    pub reasoning: String,
+    pub logprobs: Vec<pb::TokenLogprob>,
     pub finished: pb::generate_event::Finished,
 }
 
@@ -420,6 +439,8 @@ pub async fn collect(
             Some(Event::Tokens(t)) => {
                 c.text.push_str(&t.text);
                 c.ids.extend(t.ids);
+                c.reasoning.push_str(&t.reasoning);
+                c.logprobs.extend(t.logprobs);
             }
             Some(Event::Finished(f)) => {
                 if f.reason == pb::FinishReason::Cancelled as i32 {

@@ -111,6 +111,9 @@ body_with_common!(ChatBody {
     tools: Option<Vec<Value>>,
     tool_choice: Option<Value>,
     response_format: Option<Value>,
+    parallel_tool_calls: Option<bool>,
+    /// vLLM's extension: extra variables for the chat template, e.g. {"enable_thinking": false}.
+    chat_template_kwargs: Option<Value>,
     /// colibri's extension: continue this daemon session (`messages` are then the turn's
     /// new messages; the session remembers the earlier ones, as with gRPC Chat).
     session_id: Option<String>,
@@ -121,6 +124,10 @@ struct MessageBody {
     role: String,
     content: Option<Value>,
     tool_calls: Option<Vec<Value>>,
+    tool_call_id: Option<String>,
+    name: Option<String>,
+    /// DeepSeek's and vLLM's name for an assistant message's reasoning.
+    reasoning_content: Option<String>,
 }
 
 body_with_common!(CompletionBody {
@@ -140,6 +147,11 @@ pub struct ChatCall {
     pub params: GenParams,
     /// colibri's `session_id` extension; empty = none.
     pub session_id: String,
+    pub tools: Vec<pb::Tool>,
+    pub tool_choice: Option<pb::ToolChoice>,
+    pub parallel_tool_calls: Option<bool>,
+    /// chat_template_kwargs as JSON text; empty = none.
+    pub template_kwargs: String,
 }
 
 #[derive(Debug, PartialEq)]
@@ -169,19 +181,11 @@ fn params(c: &Common, max_tokens: Option<u32>, max_field: &str) -> Result<GenPar
         ("frequency_penalty", c.frequency_penalty),
         ("presence_penalty", c.presence_penalty),
     ] {
-        if v.is_some_and(|v| v != 0.0) {
-            return Err(ApiError::unsupported(
-                field,
-                "not implemented yet; use repetition_penalty",
-            ));
+        if v.is_some_and(|v| !(-2.0..=2.0).contains(&v)) {
+            return Err(ApiError::field(field, "must be between -2 and 2"));
         }
     }
-    if c.logit_bias
-        .as_ref()
-        .is_some_and(|b| !b.is_null() && b.as_object().is_none_or(|o| !o.is_empty()))
-    {
-        return Err(ApiError::unsupported("logit_bias", "not implemented"));
-    }
+    let logit_bias = logit_bias(c.logit_bias.as_ref())?;
     if max_tokens == Some(0) {
         return Err(ApiError::field(max_field, "must be at least 1"));
     }
@@ -212,6 +216,9 @@ fn params(c: &Common, max_tokens: Option<u32>, max_field: &str) -> Result<GenPar
             min_p: c.min_p,
             repetition_penalty: c.repetition_penalty,
             seed,
+            frequency_penalty: c.frequency_penalty,
+            presence_penalty: c.presence_penalty,
+            logit_bias,
         },
         stop: stops(c.stop.as_ref(), "stop")?,
         ignore_eos: c.ignore_eos.unwrap_or(false),
@@ -222,7 +229,225 @@ fn params(c: &Common, max_tokens: Option<u32>, max_field: &str) -> Result<GenPar
             .and_then(|o| o.include_usage)
             .unwrap_or(false),
         return_token_ids: c.return_token_ids.unwrap_or(false),
+        ..Default::default()
     })
+}
+
+/// `logit_bias`: {"token id": bias in [-100, 100]} (ids are checked against the model's
+/// vocabulary by the daemon).
+fn logit_bias(v: Option<&Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let o = match v {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Object(o)) => o,
+        Some(_) => {
+            return Err(ApiError::field(
+                "logit_bias",
+                "must be an object of token id -> bias",
+            ))
+        }
+    };
+    let mut out = Vec::with_capacity(o.len());
+    for (k, b) in o {
+        let f = format!("logit_bias.{k}");
+        let id: u32 = k
+            .parse()
+            .map_err(|_| ApiError::field(&f, "the key must be a token id"))?;
+        let b = b
+            .as_f64()
+            .filter(|b| (-100.0..=100.0).contains(b))
+            .ok_or_else(|| ApiError::field(&f, "must be a number between -100 and 100"))?;
+        out.push((id, b as f32));
+    }
+    out.sort_by_key(|e| e.0);
+    Ok(out)
+}
+
+/// `tools`: OpenAI's function tools.
+fn tools(v: &[Value]) -> Result<Vec<pb::Tool>, ApiError> {
+    v.iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let f = format!("tools[{i}]");
+            if t.get("type").and_then(Value::as_str) != Some("function") {
+                return Err(ApiError::unsupported(
+                    format!("{f}.type"),
+                    "only 'function' tools",
+                ));
+            }
+            let func = t
+                .get("function")
+                .filter(|x| x.is_object())
+                .ok_or_else(|| ApiError::field(format!("{f}.function"), "is required"))?;
+            tool(func, &format!("{f}.function"), "parameters")
+        })
+        .collect()
+}
+
+/// One function tool: `name`, `description`, and its arguments' JSON schema under
+/// `schema_key` (OpenAI's `parameters`, Anthropic's `input_schema`).
+pub fn tool(func: &Value, f: &str, schema_key: &str) -> Result<pb::Tool, ApiError> {
+    let name = func
+        .get("name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| ApiError::field(format!("{f}.name"), "must be a non-empty string"))?;
+    let parameters = match func.get(schema_key) {
+        None | Some(Value::Null) => String::new(),
+        Some(p @ Value::Object(_)) => p.to_string(),
+        Some(_) => {
+            return Err(ApiError::field(
+                format!("{f}.{schema_key}"),
+                "must be a JSON schema object",
+            ))
+        }
+    };
+    Ok(pb::Tool {
+        name: name.to_string(),
+        description: func
+            .get("description")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
+        parameters,
+    })
+}
+
+/// A tool choice that names a function must name one of the request's tools.
+pub fn named_choice(name: &str, tools: &[pb::Tool], f: &str) -> Result<pb::ToolChoice, ApiError> {
+    if !tools.iter().any(|t| t.name == name) {
+        return Err(ApiError::field(
+            f,
+            format!("names '{name}', which is not one of the request's tools"),
+        ));
+    }
+    Ok(pb::ToolChoice {
+        mode: pb::tool_choice::Mode::Named as i32,
+        name: name.to_string(),
+    })
+}
+
+fn tool_choice(v: Option<&Value>, tools: &[pb::Tool]) -> Result<Option<pb::ToolChoice>, ApiError> {
+    let mode = |m: pb::tool_choice::Mode| {
+        Some(pb::ToolChoice {
+            mode: m as i32,
+            name: String::new(),
+        })
+    };
+    let choice = match v {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) if s == "none" => return Ok(mode(pb::tool_choice::Mode::None)),
+        Some(Value::String(s)) if s == "auto" => return Ok(None),
+        Some(Value::String(s)) if s == "required" => mode(pb::tool_choice::Mode::Required),
+        Some(o @ Value::Object(_)) => {
+            let name = o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    ApiError::field("tool_choice.function.name", "must be a tool's name")
+                })?;
+            Some(named_choice(name, tools, "tool_choice.function.name")?)
+        }
+        Some(_) => {
+            return Err(ApiError::field(
+                "tool_choice",
+                "must be 'none', 'auto', 'required' or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+            ))
+        }
+    };
+    if tools.is_empty() {
+        return Err(ApiError::field(
+            "tool_choice",
+            "names a tool choice, but the request has no tools",
+        ));
+    }
+    Ok(choice)
+}
+
+/// An assistant message's `tool_calls` (history): arguments are JSON text (an object is
+/// accepted too).
+fn history_calls(v: &[Value], f: &str) -> Result<Vec<pb::ToolCall>, ApiError> {
+    v.iter()
+        .enumerate()
+        .map(|(j, c)| {
+            let f = format!("{f}[{j}]");
+            let func = c
+                .get("function")
+                .ok_or_else(|| ApiError::field(format!("{f}.function"), "is required"))?;
+            let name = func
+                .get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| ApiError::field(format!("{f}.function.name"), "must be a string"))?;
+            let arguments = match func.get("arguments") {
+                None | Some(Value::Null) => "{}".to_string(),
+                Some(Value::String(s)) => {
+                    if serde_json::from_str::<serde_json::Map<String, Value>>(s).is_err() {
+                        return Err(ApiError::field(
+                            format!("{f}.function.arguments"),
+                            "must be a JSON object (as text)",
+                        ));
+                    }
+                    s.clone()
+                }
+                Some(o @ Value::Object(_)) => o.to_string(),
+                Some(_) => {
+                    return Err(ApiError::field(
+                        format!("{f}.function.arguments"),
+                        "must be a JSON object (as text)",
+                    ))
+                }
+            };
+            Ok(pb::ToolCall {
+                id: c
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+                name: name.to_string(),
+                arguments,
+            })
+        })
+        .collect()
+}
+
+/// `response_format` (OpenAI) → the proto's constraint; None = free text.
+fn response_format(v: Option<&Value>) -> Result<Option<pb::ResponseFormat>, ApiError> {
+    use pb::response_format::Type;
+    let Some(rf) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    match rf.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(pb::ResponseFormat {
+            r#type: Type::JsonObject as i32,
+            ..Default::default()
+        })),
+        Some("json_schema") => {
+            let schema = rf
+                .get("json_schema")
+                .and_then(|j| j.get("schema"))
+                .filter(|s| s.is_object() || s.is_boolean())
+                .ok_or_else(|| {
+                    ApiError::field(
+                        "response_format.json_schema.schema",
+                        "must be a JSON schema",
+                    )
+                })?;
+            Ok(Some(json_schema_format(schema)))
+        }
+        _ => Err(ApiError::field(
+            "response_format.type",
+            "must be 'text', 'json_object' or 'json_schema'",
+        )),
+    }
+}
+
+pub fn json_schema_format(schema: &Value) -> pb::ResponseFormat {
+    pb::ResponseFormat {
+        r#type: pb::response_format::Type::JsonSchema as i32,
+        schema: schema.to_string(),
+        grammar: String::new(),
+    }
 }
 
 /// `stop`: a string or a list of strings.
@@ -292,51 +517,24 @@ pub fn parse_chat(bytes: &[u8]) -> Result<ChatCall, ApiError> {
         (Some(m), _) => (Some(m), "max_completion_tokens"),
         (None, m) => (m, "max_tokens"),
     };
-    let params = params(&common, max, max_field)?;
-    if b.logprobs == Some(true) || b.top_logprobs.is_some_and(|n| n > 0) {
-        let field = if b.logprobs == Some(true) {
-            "logprobs"
-        } else {
-            "top_logprobs"
-        };
-        return Err(ApiError::unsupported(
-            field,
-            "log probabilities are not implemented yet",
-        ));
+    let mut params = params(&common, max, max_field)?;
+    let top = b.top_logprobs.unwrap_or(0);
+    if top > 20 {
+        return Err(ApiError::field("top_logprobs", "must be between 0 and 20"));
     }
-    if b.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::unsupported(
-            "tools",
-            "tool calling is not implemented yet",
-        ));
+    if top > 0 && b.logprobs != Some(true) {
+        return Err(ApiError::field("top_logprobs", "needs logprobs: true"));
     }
-    match b.tool_choice.as_ref() {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s == "none" || s == "auto" => {}
-        Some(_) => {
-            return Err(ApiError::field(
-                "tool_choice",
-                "names a tool choice, but the request has no tools",
-            ))
-        }
-    }
-    if let Some(rf) = b.response_format.as_ref().filter(|v| !v.is_null()) {
-        match rf.get("type").and_then(Value::as_str) {
-            Some("text") => {}
-            Some(t @ ("json_object" | "json_schema")) => {
-                return Err(ApiError::unsupported(
-                    "response_format",
-                    format!("'{t}' (constrained decoding) is not implemented yet"),
-                ))
-            }
-            _ => {
-                return Err(ApiError::field(
-                    "response_format.type",
-                    "must be 'text', 'json_object' or 'json_schema'",
-                ))
-            }
-        }
-    }
+    params.logprobs = b.logprobs == Some(true);
+    params.top_logprobs = top;
+    params.response_format = response_format(b.response_format.as_ref())?;
+    let tools = tools(b.tools.as_deref().unwrap_or_default())?;
+    let tool_choice = tool_choice(b.tool_choice.as_ref(), &tools)?;
+    let template_kwargs = match b.chat_template_kwargs.as_ref() {
+        None | Some(Value::Null) => String::new(),
+        Some(o @ Value::Object(_)) => o.to_string(),
+        Some(_) => return Err(ApiError::field("chat_template_kwargs", "must be an object")),
+    };
     let mut messages = Vec::with_capacity(b.messages.len());
     for (i, m) in b.messages.iter().enumerate() {
         let role = match m.role.as_str() {
@@ -350,15 +548,25 @@ pub fn parse_chat(bytes: &[u8]) -> Result<ChatCall, ApiError> {
                 ))
             }
         };
-        if m.tool_calls.as_ref().is_some_and(|c| !c.is_empty()) {
-            return Err(ApiError::unsupported(
-                format!("messages[{i}].tool_calls"),
-                "tool calling is not implemented yet",
-            ));
-        }
+        let tool_calls = match m.tool_calls.as_deref() {
+            Some(c) if !c.is_empty() => {
+                if role != "assistant" {
+                    return Err(ApiError::field(
+                        format!("messages[{i}].tool_calls"),
+                        "only assistant messages make tool calls",
+                    ));
+                }
+                history_calls(c, &format!("messages[{i}].tool_calls"))?
+            }
+            _ => Vec::new(),
+        };
         messages.push(pb::ChatMessage {
             role: role.to_string(),
             content: content_text(m.content.as_ref(), &format!("messages[{i}].content"))?,
+            tool_calls,
+            tool_call_id: m.tool_call_id.clone().unwrap_or_default(),
+            name: m.name.clone().unwrap_or_default(),
+            reasoning_content: m.reasoning_content.clone().unwrap_or_default(),
         });
     }
     Ok(ChatCall {
@@ -366,18 +574,23 @@ pub fn parse_chat(bytes: &[u8]) -> Result<ChatCall, ApiError> {
         messages,
         params,
         session_id: b.session_id.take().unwrap_or_default(),
+        tools,
+        tool_choice,
+        parallel_tool_calls: b.parallel_tool_calls,
+        template_kwargs,
     })
 }
 
 pub fn parse_completion(bytes: &[u8]) -> Result<CompletionCall, ApiError> {
     let mut b: CompletionBody = super::parse_json(bytes)?;
     let common = b.common();
-    let params = params(&common, common.max_tokens, "max_tokens")?;
-    if b.logprobs.is_some() {
-        return Err(ApiError::unsupported(
-            "logprobs",
-            "log probabilities are not implemented yet",
-        ));
+    let mut params = params(&common, common.max_tokens, "max_tokens")?;
+    if let Some(n) = b.logprobs {
+        if n > 20 {
+            return Err(ApiError::field("logprobs", "must be between 0 and 20"));
+        }
+        params.logprobs = true;
+        params.top_logprobs = n;
     }
     if b.echo == Some(true) {
         return Err(ApiError::unsupported("echo", "not implemented"));
@@ -435,8 +648,73 @@ pub fn parse_completion(bytes: &[u8]) -> Result<CompletionCall, ApiError> {
 fn finish_reason(f: &pb::generate_event::Finished) -> &'static str {
     match pb::FinishReason::try_from(f.reason) {
         Ok(pb::FinishReason::Length) => "length",
+        Ok(pb::FinishReason::ToolCalls) => "tool_calls",
         _ => "stop",
     }
+}
+
+/// A reply's tool calls as OpenAI's message.tool_calls.
+fn tool_calls_json(calls: &[pb::ToolCall]) -> Value {
+    calls
+        .iter()
+        .map(|c| {
+            json!({"id": c.id, "type": "function",
+                   "function": {"name": c.name, "arguments": c.arguments}})
+        })
+        .collect()
+}
+
+/// Streamed tool-call pieces as OpenAI's delta.tool_calls: the first piece of a call carries
+/// its id, type and name; later ones only argument fragments.
+fn tool_call_deltas(ds: &[pb::ToolCallDelta]) -> Value {
+    ds.iter()
+        .map(|d| {
+            if d.id.is_empty() && d.name.is_empty() {
+                json!({"index": d.index, "function": {"arguments": d.arguments}})
+            } else {
+                json!({"index": d.index, "id": d.id, "type": "function",
+                       "function": {"name": d.name, "arguments": d.arguments}})
+            }
+        })
+        .collect()
+}
+
+/// Chat logprobs: `{"content": [{token, logprob, bytes, top_logprobs}]}`.
+fn chat_logprobs(lps: &[pb::TokenLogprob]) -> Value {
+    let content: Vec<Value> = lps
+        .iter()
+        .map(|l| {
+            let top: Vec<Value> = l
+                .top
+                .iter()
+                .map(|t| json!({"token": t.token, "logprob": t.logprob, "bytes": t.bytes}))
+                .collect();
+            json!({"token": l.token, "logprob": l.logprob, "bytes": l.bytes, "top_logprobs": top})
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+/// The legacy completions logprobs: parallel lists, `top_logprobs` as {token: logprob}
+/// maps, `text_offset` from `offset` (the text already sent).
+fn completion_logprobs(lps: &[pb::TokenLogprob], mut offset: usize) -> Value {
+    let mut tokens = Vec::new();
+    let mut lp = Vec::new();
+    let mut top = Vec::new();
+    let mut offsets = Vec::new();
+    for l in lps {
+        tokens.push(json!(l.token));
+        lp.push(json!(l.logprob));
+        let m: serde_json::Map<String, Value> = l
+            .top
+            .iter()
+            .map(|t| (t.token.clone(), json!(t.logprob)))
+            .collect();
+        top.push(Value::Object(m));
+        offsets.push(json!(offset));
+        offset += l.token.len();
+    }
+    json!({"tokens": tokens, "token_logprobs": lp, "top_logprobs": top, "text_offset": offsets})
 }
 
 /// OpenAI's usage object: prompt tokens include those served from a cached prefix.
@@ -484,6 +762,10 @@ pub async fn chat_completions(State(app): State<App>, body: Body) -> Result<Resp
         messages: call.messages,
         options: Some(call.params.options(&h)),
         session_id: call.session_id,
+        tools: call.tools,
+        tool_choice: call.tool_choice,
+        parallel_tool_calls: call.parallel_tool_calls,
+        template_kwargs: call.template_kwargs,
     };
     let events = app
         .service
@@ -497,10 +779,23 @@ pub async fn chat_completions(State(app): State<App>, body: Body) -> Result<Resp
         return Ok(first_then_stream(events, t, &app).await);
     }
     let c = collect(events, CHAT_FIELDS, Flavor::OpenAi).await?;
+    let calls = &c.finished.tool_calls;
+    let mut message = json!({
+        "role": "assistant",
+        // OpenAI's replies that only call tools have a null content.
+        "content": if c.text.is_empty() && !calls.is_empty() { Value::Null } else { json!(c.text) },
+        "refusal": null,
+    });
+    if !c.reasoning.is_empty() {
+        message["reasoning_content"] = json!(c.reasoning);
+    }
+    if !calls.is_empty() {
+        message["tool_calls"] = tool_calls_json(calls);
+    }
     let mut choice = json!({
         "index": 0,
-        "message": {"role": "assistant", "content": c.text, "refusal": null},
-        "logprobs": null,
+        "message": message,
+        "logprobs": if p.logprobs { chat_logprobs(&c.logprobs) } else { Value::Null },
         "finish_reason": finish_reason(&c.finished),
     });
     if p.return_token_ids {
@@ -555,7 +850,7 @@ pub async fn completions(State(app): State<App>, body: Body) -> Result<Response,
     let mut choice = json!({
         "index": 0,
         "text": c.text,
-        "logprobs": null,
+        "logprobs": if p.logprobs { completion_logprobs(&c.logprobs, 0) } else { Value::Null },
         "finish_reason": finish_reason(&c.finished),
     });
     if p.return_token_ids {
@@ -647,6 +942,9 @@ struct Chunks {
     created: u64,
     include_usage: bool,
     return_token_ids: bool,
+    logprobs: bool,
+    /// Bytes of text sent so far (the completions logprobs' text_offset).
+    sent: usize,
 }
 
 impl Chunks {
@@ -658,6 +956,8 @@ impl Chunks {
             created: unix_now(),
             include_usage: p.include_usage,
             return_token_ids: p.return_token_ids,
+            logprobs: p.logprobs,
+            sent: 0,
         }
     }
 
@@ -716,10 +1016,35 @@ impl Translate for Chunks {
                 }
             }
             Event::Tokens(t) => {
-                if t.text.is_empty() && !self.return_token_ids {
+                let lps = self.logprobs && !t.logprobs.is_empty();
+                if t.text.is_empty()
+                    && t.reasoning.is_empty()
+                    && t.tool_calls.is_empty()
+                    && !lps
+                    && !self.return_token_ids
+                {
                     return (Vec::new(), false);
                 }
-                let c = self.choice(Some(&t.text), None, Some(&t.ids));
+                let mut c = self.choice(Some(&t.text), None, Some(&t.ids));
+                if self.kind == Kind::Chat {
+                    let mut delta = serde_json::Map::new();
+                    if !t.text.is_empty() {
+                        delta.insert("content".into(), json!(t.text));
+                    }
+                    if !t.reasoning.is_empty() {
+                        delta.insert("reasoning_content".into(), json!(t.reasoning));
+                    }
+                    if !t.tool_calls.is_empty() {
+                        delta.insert("tool_calls".into(), tool_call_deltas(&t.tool_calls));
+                    }
+                    c["delta"] = Value::Object(delta);
+                    if lps {
+                        c["logprobs"] = chat_logprobs(&t.logprobs);
+                    }
+                } else if lps {
+                    c["logprobs"] = completion_logprobs(&t.logprobs, self.sent);
+                }
+                self.sent += t.text.len();
                 (vec![self.chunk(json!([c]))], false)
             }
             Event::Finished(f) => {
@@ -787,22 +1112,30 @@ mod tests {
         let base = r#""model":"m","messages":[{"role":"user","content":"hi"}]"#;
         for (extra, field) in [
             (r#""n":2"#, "n"),
-            (r#""logprobs":true"#, "logprobs"),
             (r#""top_logprobs":3"#, "top_logprobs"),
+            (r#""logprobs":true,"top_logprobs":21"#, "top_logprobs"),
+            (r#""tools":[{"type":"web_search"}]"#, "tools[0].type"),
             (
-                r#""tools":[{"type":"function","function":{"name":"f"}}]"#,
-                "tools",
+                r#""tools":[{"type":"function","function":{"description":"x"}}]"#,
+                "tools[0].function.name",
             ),
             (r#""tool_choice":"required""#, "tool_choice"),
             (
-                r#""response_format":{"type":"json_object"}"#,
-                "response_format",
+                r#""tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}"#,
+                "tool_choice.function.name",
+            ),
+            (
+                r#""response_format":{"type":"json_schema","json_schema":{"name":"x"}}"#,
+                "response_format.json_schema.schema",
             ),
             (
                 r#""response_format":{"type":"yaml"}"#,
                 "response_format.type",
             ),
-            (r#""presence_penalty":0.5"#, "presence_penalty"),
+            (r#""presence_penalty":2.5"#, "presence_penalty"),
+            (r#""logit_bias":{"x":1}"#, "logit_bias.x"),
+            (r#""logit_bias":{"5":101}"#, "logit_bias.5"),
+            (r#""chat_template_kwargs":[1]"#, "chat_template_kwargs"),
             (r#""max_tokens":0"#, "max_tokens"),
             (r#""max_tokens":-3"#, "max_tokens"),
             (r#""temperature":"hot""#, "temperature"),
@@ -824,6 +1157,108 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("messages[0].content[0].type"));
         let e = parse_chat(br#"{"messages":[]}"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("model"));
+    }
+
+    #[test]
+    fn tools_formats_logprobs_and_penalties_map_to_the_proto() {
+        let c = parse_chat(
+            br#"{"model":"m","messages":[{"role":"user","content":"weather?"},
+            {"role":"assistant","content":null,"reasoning_content":"look it up",
+             "tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},
+            {"role":"tool","tool_call_id":"call_1","content":"sunny"}],
+            "tools":[{"type":"function","function":{"name":"get_weather","description":"d",
+              "parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}],
+            "tool_choice":{"type":"function","function":{"name":"get_weather"}},
+            "parallel_tool_calls":false,"logprobs":true,"top_logprobs":3,
+            "frequency_penalty":0.5,"presence_penalty":-1,"logit_bias":{"7":-100,"3":2.5},
+            "response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object"}}},
+            "chat_template_kwargs":{"enable_thinking":false}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.tools.len(), 1);
+        assert_eq!(c.tools[0].name, "get_weather");
+        let params: Value = serde_json::from_str(&c.tools[0].parameters).unwrap();
+        assert_eq!(params["properties"]["city"]["type"], "string");
+        let choice = c.tool_choice.unwrap();
+        assert_eq!(choice.mode, pb::tool_choice::Mode::Named as i32);
+        assert_eq!(choice.name, "get_weather");
+        assert_eq!(c.parallel_tool_calls, Some(false));
+        let a = &c.messages[1];
+        assert_eq!(a.reasoning_content, "look it up");
+        assert_eq!(a.tool_calls[0].id, "call_1");
+        assert_eq!(a.tool_calls[0].arguments, r#"{"city":"Paris"}"#);
+        assert_eq!(c.messages[2].role, "tool");
+        assert_eq!(c.messages[2].tool_call_id, "call_1");
+        assert!(c.params.logprobs);
+        assert_eq!(c.params.top_logprobs, 3);
+        assert_eq!(c.params.sampling.frequency_penalty, Some(0.5));
+        assert_eq!(c.params.sampling.presence_penalty, Some(-1.0));
+        assert_eq!(c.params.sampling.logit_bias, [(3, 2.5), (7, -100.0)]);
+        let rf = c.params.response_format.unwrap();
+        assert_eq!(rf.r#type, pb::response_format::Type::JsonSchema as i32);
+        assert_eq!(rf.schema, r#"{"type":"object"}"#);
+        assert_eq!(c.template_kwargs, r#"{"enable_thinking":false}"#);
+        // tool_choice none: the tools are not offered.
+        let c = parse_chat(
+            br#"{"model":"m","messages":[{"role":"user","content":"x"}],"tool_choice":"none",
+            "response_format":{"type":"json_object"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.tool_choice.unwrap().mode,
+            pb::tool_choice::Mode::None as i32
+        );
+        assert_eq!(
+            c.params.response_format.unwrap().r#type,
+            pb::response_format::Type::JsonObject as i32
+        );
+        let c = parse_completion(br#"{"model":"m","prompt":"x","logprobs":2}"#).unwrap();
+        assert!(c.params.logprobs);
+        assert_eq!(c.params.top_logprobs, 2);
+    }
+
+    #[test]
+    fn logprobs_render_in_both_shapes() {
+        let lp = |token: &str, logprob: f32| pb::TokenLogprob {
+            id: 1,
+            logprob,
+            token: token.into(),
+            bytes: token.as_bytes().to_vec(),
+            top: vec![pb::TopLogprob {
+                id: 2,
+                logprob: -0.5,
+                token: "b".into(),
+                bytes: b"b".to_vec(),
+            }],
+        };
+        let lps = [lp("ab", -1.0), lp("c", -2.0)];
+        let chat = chat_logprobs(&lps);
+        assert_eq!(chat["content"][1]["token"], "c");
+        assert_eq!(chat["content"][0]["bytes"], json!([97, 98]));
+        assert_eq!(chat["content"][0]["top_logprobs"][0]["logprob"], -0.5);
+        let legacy = completion_logprobs(&lps, 10);
+        assert_eq!(legacy["text_offset"], json!([10, 12]));
+        assert_eq!(legacy["token_logprobs"], json!([-1.0, -2.0]));
+        assert_eq!(legacy["top_logprobs"][1]["b"], -0.5);
+        let d = tool_call_deltas(&[
+            pb::ToolCallDelta {
+                index: 0,
+                id: "call_x".into(),
+                name: "f".into(),
+                arguments: String::new(),
+            },
+            pb::ToolCallDelta {
+                index: 0,
+                arguments: "{\"a\":".into(),
+                ..Default::default()
+            },
+        ]);
+        assert_eq!(d[0]["function"]["name"], "f");
+        assert_eq!(d[0]["type"], "function");
+        assert_eq!(
+            d[1],
+            json!({"index": 0, "function": {"arguments": "{\"a\":"}})
+        );
     }
 
     #[test]

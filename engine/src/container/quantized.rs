@@ -52,6 +52,7 @@ impl TensorRecord {
             WeightFormat::BF16 => ("bf16", None, None),
             WeightFormat::F16 => ("f16", None, None),
             WeightFormat::I8Row => ("int8", Some(0), Some(ScaleType::F32)),
+            WeightFormat::I8 { group, scale } => ("int8", Some(group), Some(scale)),
             WeightFormat::I4 { group, scale } => ("int4", Some(group), Some(scale)),
             WeightFormat::I2 { group, scale } => ("int2", Some(group), Some(scale)),
             WeightFormat::I3G64 => ("int3", Some(64), Some(ScaleType::F32)),
@@ -88,14 +89,13 @@ impl TensorRecord {
             "f32" => WeightFormat::F32,
             "bf16" => WeightFormat::BF16,
             "f16" => WeightFormat::F16,
-            "int8" => {
-                if group()? != 0 || scale()? != ScaleType::F32 {
-                    return Err(
-                        "int8 is per row with f32 scales (group_size 0, scale_dtype f32)".into(),
-                    );
+            "int8" => match (group()?, scale()?) {
+                (0, ScaleType::F32) => WeightFormat::I8Row,
+                (0, _) => {
+                    return Err("per-row int8 (group_size 0) has f32 scales".into());
                 }
-                WeightFormat::I8Row
-            }
+                (group, scale) => WeightFormat::I8 { group, scale },
+            },
             "int4" => WeightFormat::I4 {
                 group: group()?,
                 scale: scale()?,

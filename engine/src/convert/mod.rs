@@ -34,12 +34,50 @@ pub struct ConvertOptions {
     /// Other matrices' format (attention, shared experts, embeddings, lm_head). Routers and
     /// vectors keep their dtype.
     pub dense: WeightFormat,
+    /// The attention projections' format when it differs from `dense` (`self_attn.*`
+    /// matrices but the sparse-attention indexer, which stays exact).
+    pub attention: Option<WeightFormat>,
 }
 
 /// Parses a format name of the command line: `int8`, `int4`, `int3`, `int2`, `bf16` (`f16`,
 /// `f32`) with the group size for int4/int2 (0 = one scale per row; int3 is always in groups
-/// of 64).
+/// of 64). A name may carry its own group size, which then wins: `int8-g32`, `int4-g64`,
+/// `int4-row`; `int8` alone is per row (f32 scales), `int8-gN` grouped with f16 scales.
 pub fn parse_format(name: &str, group: u32) -> Result<WeightFormat> {
+    if let Some((base, g)) = name.split_once('-') {
+        let group = match g {
+            "row" => 0,
+            _ => g
+                .strip_prefix('g')
+                .and_then(|v| v.parse::<u32>().ok())
+                .filter(|v| *v > 0)
+                .ok_or_else(|| {
+                    Error::invalid(
+                        "format",
+                        format!("'{name}': the group is written -gN (e.g. int8-g32) or -row"),
+                    )
+                })?,
+        };
+        if base == "int8" && group != 0 {
+            if !group.is_multiple_of(32) {
+                return Err(Error::invalid(
+                    "group-size",
+                    format!("{group} is not a multiple of 32"),
+                ));
+            }
+            return Ok(WeightFormat::I8 {
+                group,
+                scale: ScaleType::F16,
+            });
+        }
+        if !matches!(base, "int8" | "int4" | "int2") {
+            return Err(Error::invalid(
+                "format",
+                format!("'{name}': only int8, int4 and int2 take a group"),
+            ));
+        }
+        return parse_format(base, group);
+    }
     if group != 0 && !group.is_multiple_of(32) {
         return Err(Error::invalid(
             "group-size",
@@ -72,7 +110,7 @@ pub fn parse_format(name: &str, group: u32) -> Result<WeightFormat> {
         o => {
             return Err(Error::invalid(
                 "format",
-                format!("'{o}' is not one of int8, int4, int3, int2, bf16"),
+                format!("'{o}' is not one of int8, int8-gN, int4, int4-gN, int3, int2, bf16"),
             ))
         }
     })
@@ -106,6 +144,11 @@ pub struct PlannedPart {
 /// attention indexer (`...self_attn.indexer.*`) picks keys; both flip on tiny differences.
 pub fn keep_exact(name: &str) -> bool {
     name.ends_with(".gate.weight") || name.contains(".indexer.")
+}
+
+/// An attention projection (`...self_attn.q_proj.weight`, MLA's `q_a_proj`, `kv_b_proj`, ...).
+pub fn is_attention(name: &str) -> bool {
+    name.contains(".self_attn.") && !name.contains(".indexer.")
 }
 
 fn layer_of(name: &str) -> Option<usize> {
@@ -183,7 +226,10 @@ pub fn plan(ckpt: &Checkpoint, opts: &ConvertOptions) -> Result<Vec<PlannedPart>
                 f => f,
             }
         } else if matrix && !keep_exact(name) {
-            opts.dense
+            match opts.attention {
+                Some(f) if is_attention(name) => f,
+                _ => opts.dense,
+            }
         } else {
             plain
         };
@@ -440,6 +486,10 @@ fn fingerprint(ckpt: &Checkpoint, opts: &ConvertOptions) -> String {
         opts.experts.name(),
         opts.dense.name()
     );
+    if let Some(a) = opts.attention {
+        // Only when set, so the fingerprints of earlier conversions stay valid.
+        s.push_str(&format!("attention={}\n", a.name()));
+    }
     for n in names {
         let t = ckpt.get(n).expect("listed");
         s.push_str(&format!(

@@ -72,7 +72,8 @@ pub struct Streaming {
     /// Things to tell the user (a damaged history set aside, no direct I/O, ...).
     pub warnings: Vec<String>,
     pub hist_path: Option<PathBuf>,
-    /// Experts of a layer requested ahead of the one computing.
+    /// Reads of a layer's missing experts in flight at most (as many buffers as the
+    /// prefetch staging slots the memory plan counts, and never fewer than the readers).
     window: usize,
     /// The first MoE layer: its rows are counted as tokens.
     first_layer: usize,
@@ -154,9 +155,12 @@ impl Streaming {
     }
 
     /// The outputs of the experts of `layer` that rows are routed to (`by_expert[e]` lists
-    /// `(row, weight)`), in ascending expert order like the resident path. Each expert is
-    /// fetched once; up to `window` are requested ahead of the one computing, so reads
-    /// overlap compute without holding a whole layer's experts beyond the budget.
+    /// `(row, weight)`), in ascending expert order like the resident path (the caller sums
+    /// them in this order: the same bits as resident). Each expert is fetched once for all
+    /// the step's rows. The step's misses are requested first (up to `window` at a time,
+    /// topped up as they are consumed), so their reads are queued together and run while
+    /// the experts already in the cache are computed; then the others, in the order they
+    /// were asked for.
     pub fn expert_outputs(
         &self,
         layer: usize,
@@ -169,35 +173,54 @@ impl Streaming {
             self.store.note_tokens((h.len() / hidden) as u64);
             self.autosave();
         }
-        let used: Vec<usize> = (0..by_expert.len())
+        let (cached, missing): (Vec<usize>, Vec<usize>) = (0..by_expert.len())
             .filter(|&e| !by_expert[e].is_empty())
-            .collect();
-        let mut out = Vec::with_capacity(used.len());
-        let mut ahead: VecDeque<(usize, Result<Ticket>)> = VecDeque::new();
+            .partition(|&e| self.store.contains(Key::new(layer, e)));
+        let mut tickets: VecDeque<(usize, Result<Ticket>)> = VecDeque::new();
         let mut next = 0;
-        for _ in 0..used.len() {
-            while next < used.len() && ahead.len() < self.window {
-                let e = used[next];
-                ahead.push_back((e, self.store.request(Key::new(layer, e))));
+        let mut top_up = |tickets: &mut VecDeque<(usize, Result<Ticket>)>| {
+            while next < missing.len() && tickets.len() < self.window {
+                let e = missing[next];
+                tickets.push_back((e, self.store.request(Key::new(layer, e))));
                 next += 1;
             }
-            let (e, ticket) = ahead.pop_front().expect("window holds the next expert");
-            let rows = &by_expert[e];
-            let mut x = Vec::with_capacity(rows.len() * hidden);
-            for &(r, _) in rows {
-                x.extend_from_slice(&h[r * hidden..(r + 1) * hidden]);
-            }
-            let y = match ticket.and_then(|t| self.store.wait(t)) {
-                Ok(buf) => rebind(&templates[e], &buf).forward(&x, rows.len()),
-                Err(err) => {
-                    let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
-                    slot.get_or_insert(err);
-                    vec![0f32; rows.len() * hidden]
-                }
-            };
-            out.push((e, y));
+        };
+        top_up(&mut tickets);
+        let mut out = Vec::with_capacity(cached.len() + missing.len());
+        for &e in &cached {
+            let t = self.store.request(Key::new(layer, e));
+            out.push((e, self.compute(&templates[e], &by_expert[e], h, hidden, t)));
         }
+        while let Some((e, t)) = tickets.pop_front() {
+            top_up(&mut tickets);
+            out.push((e, self.compute(&templates[e], &by_expert[e], h, hidden, t)));
+        }
+        out.sort_unstable_by_key(|(e, _)| *e);
         out
+    }
+
+    /// One expert's output for its rows once its bytes are in (zeros and the error kept
+    /// for [`take_error`] when they cannot be read).
+    fn compute(
+        &self,
+        template: &Mlp,
+        rows: &[(usize, f32)],
+        h: &[f32],
+        hidden: usize,
+        ticket: Result<Ticket>,
+    ) -> Vec<f32> {
+        let mut x = Vec::with_capacity(rows.len() * hidden);
+        for &(r, _) in rows {
+            x.extend_from_slice(&h[r * hidden..(r + 1) * hidden]);
+        }
+        match ticket.and_then(|t| self.store.wait(t)) {
+            Ok(buf) => rebind(template, &buf).forward(&x, rows.len()),
+            Err(err) => {
+                let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+                slot.get_or_insert(err);
+                vec![0f32; rows.len() * hidden]
+            }
+        }
     }
 
     fn autosave(&self) {
@@ -406,7 +429,7 @@ pub fn enable_with_plan(
     };
     let store = ExpertStore::new(&files, &specs, &cfg, hist.clone())?;
     warnings.extend(store.stats().notes);
-    let window = opts.readers.max(1) + 1;
+    let window = (opts.readers.max(1) + 1).max(2 * top_k);
     let streaming = Arc::new(Streaming {
         store,
         plan,

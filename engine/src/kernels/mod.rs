@@ -1,24 +1,38 @@
-//! Compute kernels: dot products of one weight row against activations, per storage format.
+//! Compute kernels: matrix products of weight rows in every storage format against
+//! activation rows.
 //!
-//! Every format has a scalar reference ([`scalar`]) that defines the result; the SIMD paths
-//! (AVX2+FMA+F16C on x86-64, NEON on aarch64) are chosen once at run time and are tested
-//! against the reference. Activations are first *prepared* for a format ([`prepare`]): the
-//! SIMD paths want them permuted to match the weights' packing (so the hot loop needs no
-//! shuffles), with per-block sums precomputed, and optionally quantized to int8 per
-//! 32-element block for integer dot products.
+//! Every format has a scalar reference ([`scalar`]) that defines the result. The SIMD level
+//! is chosen once at run time ([`level`], `COLIBRI_ISA`), and every SIMD kernel is tested
+//! against the reference (`tests.rs`).
+//!
+//! Activations are prepared once per input ([`Input`]) and shared by every matrix that reads
+//! that input (q/k/v, gate/up): quantized to int8 per 32-element block for the integer
+//! kernels, or permuted to match the int4 packing, lazily, the first time a matrix needs it.
+//!
+//! A product runs as register tiles of `R` weight rows × `T` activation rows ([`matmul`]):
+//! each weight row is loaded and unpacked once per tile and applied to all `T` tokens. Every
+//! (row, token) pair has its own accumulator and visits the row in the same order whatever
+//! the tile shape, so a token's result does not depend on how many tokens were batched with
+//! it (decode is the `T = 1` case of the same kernel).
 
 pub mod lowbit;
 pub mod scalar;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_row;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+
+mod matmul;
+pub mod team;
 
 use crate::tensor::WeightFormat;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
+pub use matmul::{matmul, matmul_many, Weights};
 pub use scalar::dot_f32 as dot_f32_scalar;
 
 /// Elements per activation-quantization block (and per int2 packing block).
@@ -31,7 +45,14 @@ pub fn block_range(b: usize, cols: usize) -> std::ops::Range<usize> {
 }
 
 /// Which kernel family runs on this machine.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// x86-64 levels form a ladder: `Scalar` < `Avx2` (AVX2+FMA+F16C). AVX-512 (F/BW/VL with
+/// VNNI, and BF16) is detected and reported by [`isa_report`], but no AVX-512 kernels exist
+/// yet: they would be a further level here with its own module beside `avx2.rs`, chosen by
+/// [`detect`] and held to the scalar reference by the same tests, and they must not be
+/// enabled before those tests have run on such a CPU. Until then an AVX-512 CPU runs the
+/// AVX2 kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
     Scalar,
     Avx2,
@@ -48,11 +69,8 @@ impl Level {
     }
 }
 
-fn detect() -> Level {
-    // COLIBRI_KERNELS=scalar forces the reference path (benchmarks, debugging).
-    if std::env::var("COLIBRI_KERNELS").is_ok_and(|v| v == "scalar") {
-        return Level::Scalar;
-    }
+/// The best level this CPU supports.
+fn best_supported() -> Level {
     #[cfg(target_arch = "x86_64")]
     {
         if is_x86_feature_detected!("avx2")
@@ -71,24 +89,131 @@ fn detect() -> Level {
     Level::Scalar
 }
 
+/// What `COLIBRI_ISA` (or the older `COLIBRI_KERNELS=scalar`) asks for, and a note when the
+/// request cannot be honoured as written.
+fn requested(isa: Option<&str>, kernels: Option<&str>) -> (Option<Level>, Option<String>) {
+    if let Some(v) = isa {
+        return match v.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" | "native" => (None, None),
+            "scalar" | "reference" => (Some(Level::Scalar), None),
+            "avx2" | "avx2+fma" => (Some(Level::Avx2), None),
+            "neon" => (Some(Level::Neon), None),
+            "avx512" | "avx512vnni" | "avx512-vnni" | "avx512bf16" => (
+                None,
+                Some(format!(
+                    "COLIBRI_ISA={v}: this build has no AVX-512 kernels; using the best level available"
+                )),
+            ),
+            _ => (
+                None,
+                Some(format!(
+                    "COLIBRI_ISA={v} is not one of auto, avx2, neon, scalar; using the best level available"
+                )),
+            ),
+        };
+    }
+    if kernels == Some("scalar") {
+        return (Some(Level::Scalar), None);
+    }
+    (None, None)
+}
+
+/// The level to run: the best supported one, or a lower one forced by `COLIBRI_ISA=avx2|
+/// scalar` (for comparisons). A level above what the CPU supports is never chosen.
+pub fn detect() -> Level {
+    let isa = std::env::var("COLIBRI_ISA").ok();
+    let kernels = std::env::var("COLIBRI_KERNELS").ok();
+    let (want, note) = requested(isa.as_deref(), kernels.as_deref());
+    if let Some(n) = note {
+        eprintln!("colibri: {n}");
+    }
+    let best = best_supported();
+    match want {
+        None => best,
+        Some(Level::Scalar) => Level::Scalar,
+        Some(w) if w == best => w,
+        Some(w) => {
+            eprintln!(
+                "colibri: COLIBRI_ISA asks for {} but this CPU runs {}; using {}",
+                w.name(),
+                best.name(),
+                best.name()
+            );
+            best
+        }
+    }
+}
+
 /// The kernel family in use (detected once, then cached).
 pub fn level() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
     *LEVEL.get_or_init(detect)
 }
 
-/// When routed-expert matrices quantize their activations to int8 (per 32-element block)
-/// and use integer dot products.
+/// The SIMD features of this CPU that matter to the kernels (present, not necessarily used).
+pub fn cpu_features() -> Vec<&'static str> {
+    let mut v = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! have {
+            ($($f:tt),*) => {
+                $(if is_x86_feature_detected!($f) { v.push($f); })*
+            };
+        }
+        have!(
+            "avx2",
+            "fma",
+            "f16c",
+            "avxvnni",
+            "avx512f",
+            "avx512bw",
+            "avx512vl",
+            "avx512vnni",
+            "avx512bf16"
+        );
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            v.push("neon");
+        }
+        if std::arch::is_aarch64_feature_detected!("dotprod") {
+            v.push("dotprod");
+        }
+    }
+    v
+}
+
+/// One line for `coli doctor` / `coli bench`: the level that runs and why.
+pub fn isa_report() -> String {
+    let l = level();
+    let feats = cpu_features();
+    let mut s = format!("kernels {}", l.name());
+    if l == Level::Scalar && best_supported() != Level::Scalar {
+        s.push_str(&format!(
+            " (forced; this CPU could run {})",
+            best_supported().name()
+        ));
+    }
+    if feats.contains(&"avx512vnni") || feats.contains(&"avx512f") {
+        s.push_str(" (AVX-512 present: no AVX-512 kernels in this build, AVX2 runs)");
+    }
+    s
+}
+
+/// When quantized matrices get int8 activations (per 32-element block) and integer dot
+/// products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Int8Act {
     /// Never: exact f32 activations everywhere.
     Off,
-    /// For int4 and int2 experts only (the default). Measured on every fixture family, it
-    /// moves the mean KL divergence from transformers by under 1% of what the int4 weights
-    /// themselves cost, and it is what lets int4 matvec run at memory speed (docs/FORMAT.md).
-    /// int8 experts keep f32 activations: there it doubles the (small) divergence.
+    /// Routed experts in int4 and int2, and dense matrices in grouped int8 (the default).
+    /// Measured on every fixture family, it moves the mean KL divergence from
+    /// transformers by under 1% of what the int4 weights themselves cost, and it is what
+    /// lets int4 matvec run at memory speed (docs/FORMAT.md). Per-row int8 keeps f32
+    /// activations: there it doubles the (small) divergence.
     SubByte,
-    /// For every quantized routed expert, int8 too.
+    /// For every quantized matrix, per-row int8 too.
     All,
 }
 
@@ -96,7 +221,7 @@ pub enum Int8Act {
 static INT8_ACT: AtomicU8 = AtomicU8::new(0);
 
 /// The int8-activation policy: `COLIBRI_INT8_ACT=0|1|subbyte` (off, all, the default) or
-/// [`set_int8_activations`]. Read when a model is loaded; attention is never affected.
+/// [`set_int8_activations`]. Read when a model is loaded.
 pub fn int8_act_mode() -> Int8Act {
     let modes = [Int8Act::Off, Int8Act::SubByte, Int8Act::All];
     match INT8_ACT.load(Ordering::Relaxed) {
@@ -122,12 +247,14 @@ pub fn set_int8_act_mode(m: Int8Act) {
     INT8_ACT.store(v, Ordering::Relaxed);
 }
 
-/// `true`: int8 activations for every quantized routed expert; `false`: none.
+/// `true`: int8 activations for every quantized matrix; `false`: none.
 pub fn set_int8_activations(on: bool) {
     set_int8_act_mode(if on { Int8Act::All } else { Int8Act::Off });
 }
 
-/// Whether a routed expert stored in `format` gets int8 activations under the policy.
+/// Whether a matrix stored in `format` gets int8 activations under the policy. Routed
+/// experts and dense matrices are treated alike: what decides is the format (int4, int2 and
+/// grouped int8 were quantized with int8 activations in mind; per-row int8 was not).
 pub fn int8_act_for(format: WeightFormat) -> bool {
     match int8_act_mode() {
         Int8Act::Off => false,
@@ -136,6 +263,7 @@ pub fn int8_act_for(format: WeightFormat) -> bool {
             format,
             WeightFormat::I4 { .. }
                 | WeightFormat::I2 { .. }
+                | WeightFormat::I8 { .. }
                 | WeightFormat::I3G64
                 | WeightFormat::I2Plain
         ),
@@ -150,6 +278,52 @@ pub fn q8_supported(format: WeightFormat, cols: usize) -> bool {
             .group_len(cols)
             .is_some_and(|g| g % QBLOCK == 0 || g >= cols)
 }
+
+/// One activation row quantized to int8 per 32-element block: `x[j] ≈ q[j] * d[j / 32]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Q8Row<'a> {
+    /// Natural order.
+    pub q: &'a [i8],
+    /// One scale per block (the last block may be partial).
+    pub d: &'a [f32],
+    /// `sum(q)` per block (the offset correction of the int4/int2 codes).
+    pub qsum: &'a [i32],
+}
+
+/// One activation row of an [`Input`] as the reference kernels see it (borrowed).
+#[derive(Clone, Copy, Debug)]
+pub struct ActRow<'a> {
+    pub x: &'a [f32],
+    /// Present when the matrix uses int8 activations.
+    pub q8: Option<Q8Row<'a>>,
+}
+
+/// Quantized activations as the reference kernels read them (either form).
+pub trait Q8View {
+    fn q(&self) -> &[i8];
+    fn d(&self) -> &[f32];
+}
+
+impl Q8View for Q8Row<'_> {
+    fn q(&self) -> &[i8] {
+        self.q
+    }
+    fn d(&self) -> &[f32] {
+        self.d
+    }
+}
+
+impl Q8View for Q8Act {
+    fn q(&self) -> &[i8] {
+        &self.q
+    }
+    fn d(&self) -> &[f32] {
+        &self.d
+    }
+}
+
+// The per-row API (one owned prepared row per call): the per-row kernels (NEON, formats
+// without tiles) and the reference fallback use it; the tiles use `Input`.
 
 /// Activations quantized to int8 per 32-element block: `x[j] ≈ q[j] * d[j / 32]`.
 #[derive(Clone, Debug, Default)]
@@ -182,7 +356,7 @@ pub struct Act {
     pub q8: Option<Q8Act>,
 }
 
-/// Quantizes `x` per 32-element block, symmetric, round to nearest.
+/// Quantizes `x` per 32-element block ([`quantize_row`]), with the int4 order if asked.
 pub fn quantize_act(x: &[f32], with_int4_order: bool) -> Q8Act {
     let nb = x.len().div_ceil(QBLOCK);
     let mut a = Q8Act {
@@ -191,20 +365,7 @@ pub fn quantize_act(x: &[f32], with_int4_order: bool) -> Q8Act {
         qsum: vec![0; nb],
         ..Default::default()
     };
-    for b in 0..nb {
-        let r = block_range(b, x.len());
-        let amax = x[r.clone()].iter().fold(0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-        let mut s = 0i32;
-        for j in r {
-            let q = (x[j] * inv).round().clamp(-127.0, 127.0) as i8;
-            a.q[j] = q;
-            s += q as i32;
-        }
-        a.d[b] = d;
-        a.qsum[b] = s;
-    }
+    quantize_row(x, &mut a.q, &mut a.d, &mut a.qsum);
     if with_int4_order {
         let pairs = x.len() / QBLOCK / 2;
         a.qp = vec![0; pairs * 64];
@@ -274,8 +435,337 @@ pub fn prepare(format: WeightFormat, x: &[f32], int8: bool) -> Act {
     act
 }
 
-/// `dot(row, act)` for one weight row in `format` with its scales, on the fastest path.
-#[inline]
+/// `n` activation rows quantized per block (natural order), back to back.
+#[derive(Clone, Debug, Default)]
+pub struct Q8Rows {
+    pub q: Vec<i8>,
+    pub d: Vec<f32>,
+    pub qsum: Vec<i32>,
+}
+
+/// Tokens per packed tile of activations.
+pub const TILE: usize = 8;
+
+/// Activations packed for the SIMD tiles, as GEMM libraries pack their second operand:
+/// tokens in tiles of [`TILE`] (the last may hold fewer), and within a tile unit after unit
+/// (a 32-element block, or an int4 pair of blocks), each unit holding its tokens side by
+/// side. A tile's units are contiguous, so a kernel walks them with one pointer and a small
+/// constant stride, and a token's place within the unit is a constant offset.
+/// `at(t, u)` is the index, in units of one token's unit, of token `t`'s unit `u`.
+#[derive(Clone, Copy, Debug)]
+pub struct Packing {
+    pub n: usize,
+    /// Units per token.
+    pub units: usize,
+}
+
+impl Packing {
+    /// Tokens in the tile holding token `t`.
+    #[inline(always)]
+    pub fn slots(&self, t: usize) -> usize {
+        (self.n - t / TILE * TILE).min(TILE)
+    }
+    /// Index of token `t`'s unit 0; unit `u` is `slots(t) · u` further.
+    #[inline(always)]
+    pub fn base(&self, t: usize) -> usize {
+        t / TILE * TILE * self.units + t % TILE
+    }
+    #[inline(always)]
+    pub fn at(&self, t: usize, u: usize) -> usize {
+        self.base(t) + u * self.slots(t)
+    }
+}
+
+/// f32 activations packed by 32-element block ([`Packing`]; full blocks only), in natural
+/// order or in int4 order: per block `[even 0..16 | odd 0..16 | even 16..32 | odd 16..32]`,
+/// read as four 8-lane chunks: low nibbles of bytes 0..8, high nibbles of bytes 0..8, low of
+/// 8..16, high of 8..16.
+#[derive(Clone, Debug, Default)]
+pub struct F32Panel {
+    pub x: Vec<f32>,
+}
+
+/// Quantized activations packed by 32-element block ([`Packing`]; full blocks only): codes
+/// (32 per unit), scales and sums (one per unit).
+#[derive(Clone, Debug, Default)]
+pub struct Q8Panel {
+    pub q: Vec<i8>,
+    pub d: Vec<f32>,
+    pub qsum: Vec<i32>,
+}
+
+/// Quantized activations in int4 order, packed by pair of full blocks A, B ([`Packing`]):
+/// `qp` = 64 codes `[A even | B even | A odd | B odd]` (matching the nibbles of 32 packed
+/// bytes), `d8` = the block scales as the 8 lanes of the pair's sums `[dA×4, dB×4]`,
+/// `corr8` = the code offset `8·sum(q)` of A in lane 0 and of B in lane 4 (so the
+/// correction is one integer subtraction).
+#[derive(Clone, Debug, Default)]
+pub struct Q8I4Panel {
+    pub qp: Vec<i8>,
+    pub d8: Vec<f32>,
+    pub corr8: Vec<i32>,
+    /// Per token (natural order, `pairs` each) the pair's offset in f32,
+    /// `8·(dA·sum(qA) + dB·sum(qB))`, for kernels that subtract it once per row.
+    pub cp: Vec<f32>,
+}
+
+/// Activation rows prepared once for every matrix that reads them. The f32 rows are
+/// borrowed; the other forms are made on first use (thread-safe) and kept.
+pub struct Input<'a> {
+    pub x: &'a [f32],
+    pub n: usize,
+    pub cols: usize,
+    q8: OnceLock<Q8Rows>,
+    q8_panel: OnceLock<Q8Panel>,
+    q8_i4: OnceLock<Q8I4Panel>,
+    x_panel: OnceLock<F32Panel>,
+    x_i4: OnceLock<F32Panel>,
+}
+
+impl<'a> Input<'a> {
+    /// `n` rows of `x.len() / n` activations.
+    pub fn new(x: &'a [f32], n: usize) -> Input<'a> {
+        Input::with_cols(x, n, x.len().checked_div(n).unwrap_or(0))
+    }
+
+    /// `n` rows of `cols` activations (`n` may be 0).
+    pub fn with_cols(x: &'a [f32], n: usize, cols: usize) -> Input<'a> {
+        assert_eq!(
+            x.len(),
+            n * cols,
+            "activations: {} values are not {n} rows of {cols}",
+            x.len()
+        );
+        Input {
+            x,
+            n,
+            cols,
+            q8: OnceLock::new(),
+            q8_panel: OnceLock::new(),
+            q8_i4: OnceLock::new(),
+            x_panel: OnceLock::new(),
+            x_i4: OnceLock::new(),
+        }
+    }
+
+    /// Row `t`, f32.
+    #[inline]
+    pub fn row(&self, t: usize) -> &'a [f32] {
+        &self.x[t * self.cols..(t + 1) * self.cols]
+    }
+
+    /// Blocks per row (the last may be partial).
+    #[inline]
+    pub fn blocks(&self) -> usize {
+        self.cols.div_ceil(QBLOCK)
+    }
+
+    /// The rows quantized to int8 per block (computed on first use).
+    pub fn q8(&self) -> &Q8Rows {
+        self.q8.get_or_init(|| {
+            let (cols, nb) = (self.cols, self.blocks());
+            let mut r = Q8Rows {
+                q: vec![0; self.n * cols],
+                d: vec![0.0; self.n * nb],
+                qsum: vec![0; self.n * nb],
+            };
+            let work = |t: usize, q: &mut [i8], d: &mut [f32], s: &mut [i32]| {
+                quantize_row(self.row(t), q, d, s)
+            };
+            if self.n * cols >= 1 << 16 {
+                use rayon::prelude::*;
+                r.q.par_chunks_mut(cols.max(1))
+                    .zip(r.d.par_chunks_mut(nb.max(1)))
+                    .zip(r.qsum.par_chunks_mut(nb.max(1)))
+                    .enumerate()
+                    .for_each(|(t, ((q, d), s))| work(t, q, d, s));
+            } else {
+                for t in 0..self.n {
+                    work(
+                        t,
+                        &mut r.q[t * cols..(t + 1) * cols],
+                        &mut r.d[t * nb..(t + 1) * nb],
+                        &mut r.qsum[t * nb..(t + 1) * nb],
+                    );
+                }
+            }
+            r
+        })
+    }
+
+    /// How the block panels are packed.
+    pub fn blocks_packing(&self) -> Packing {
+        Packing {
+            n: self.n,
+            units: self.cols / QBLOCK,
+        }
+    }
+
+    /// How the int4 pair panel is packed.
+    pub fn pairs_packing(&self) -> Packing {
+        Packing {
+            n: self.n,
+            units: self.cols / QBLOCK / 2,
+        }
+    }
+
+    /// The quantized rows packed by block for the SIMD tiles (computed on first use).
+    pub fn q8_panel(&self) -> &Q8Panel {
+        self.q8_panel.get_or_init(|| {
+            let a = self.q8();
+            let (cols, nb) = (self.cols, self.blocks());
+            let pk = self.blocks_packing();
+            let len = pk.units * self.n;
+            let mut r = Q8Panel {
+                q: vec![0; len * QBLOCK],
+                d: vec![0.0; len],
+                qsum: vec![0; len],
+            };
+            for t in 0..self.n {
+                for b in 0..pk.units {
+                    let (i, src) = (pk.at(t, b), t * cols + b * QBLOCK);
+                    r.q[i * QBLOCK..(i + 1) * QBLOCK].copy_from_slice(&a.q[src..src + QBLOCK]);
+                    r.d[i] = a.d[t * nb + b];
+                    r.qsum[i] = a.qsum[t * nb + b];
+                }
+            }
+            r
+        })
+    }
+
+    /// The quantized rows in int4 SIMD order (computed on first use).
+    pub fn q8_i4(&self) -> &Q8I4Panel {
+        self.q8_i4.get_or_init(|| {
+            let a = self.q8();
+            let (cols, nb) = (self.cols, self.blocks());
+            let pk = self.pairs_packing();
+            let len = pk.units * self.n;
+            let mut r = Q8I4Panel {
+                qp: vec![0; len * 64],
+                d8: vec![0.0; len * 8],
+                corr8: vec![0; len * 8],
+                cp: vec![0.0; len],
+            };
+            for t in 0..self.n {
+                let (q, d, qs) = (
+                    &a.q[t * cols..(t + 1) * cols],
+                    &a.d[t * nb..(t + 1) * nb],
+                    &a.qsum[t * nb..(t + 1) * nb],
+                );
+                for p in 0..pk.units {
+                    let i = pk.at(t, p);
+                    for k in 0..4 {
+                        r.d8[i * 8 + k] = d[2 * p];
+                        r.d8[i * 8 + 4 + k] = d[2 * p + 1];
+                    }
+                    r.corr8[i * 8] = 8 * qs[2 * p];
+                    r.corr8[i * 8 + 4] = 8 * qs[2 * p + 1];
+                    r.cp[t * pk.units + p] = (8 * qs[2 * p]) as f32 * d[2 * p]
+                        + (8 * qs[2 * p + 1]) as f32 * d[2 * p + 1];
+                    let out = &mut r.qp[i * 64..(i + 1) * 64];
+                    for (h, blk) in [2 * p, 2 * p + 1].into_iter().enumerate() {
+                        let qb = &q[blk * QBLOCK..(blk + 1) * QBLOCK];
+                        for k in 0..16 {
+                            out[h * 16 + k] = qb[2 * k];
+                            out[32 + h * 16 + k] = qb[2 * k + 1];
+                        }
+                    }
+                }
+            }
+            r
+        })
+    }
+
+    /// The f32 rows packed by block, natural order (computed on first use).
+    pub fn x_panel(&self) -> &F32Panel {
+        self.x_panel.get_or_init(|| self.pack_f32(false))
+    }
+
+    /// The f32 rows packed by block, int4 order (computed on first use).
+    pub fn x_i4(&self) -> &F32Panel {
+        self.x_i4.get_or_init(|| self.pack_f32(true))
+    }
+
+    fn pack_f32(&self, int4_order: bool) -> F32Panel {
+        let pk = self.blocks_packing();
+        let mut v = vec![0f32; pk.units * self.n * QBLOCK];
+        for t in 0..self.n {
+            let x = self.row(t);
+            for b in 0..pk.units {
+                let src = &x[b * QBLOCK..(b + 1) * QBLOCK];
+                let i = pk.at(t, b);
+                let dst = &mut v[i * QBLOCK..(i + 1) * QBLOCK];
+                if int4_order {
+                    for half in 0..2 {
+                        for k in 0..8 {
+                            dst[half * 16 + k] = src[half * 16 + 2 * k];
+                            dst[half * 16 + 8 + k] = src[half * 16 + 2 * k + 1];
+                        }
+                    }
+                } else {
+                    dst.copy_from_slice(src);
+                }
+            }
+        }
+        F32Panel { x: v }
+    }
+
+    /// Makes the forms `format` (with or without int8 activations) needs, so the parallel
+    /// kernels find them ready.
+    pub fn prepare_for(&self, format: WeightFormat, int8: bool) {
+        // Formats without tiles prepare each row themselves (matmul.rs).
+        if level() != Level::Avx2 || !matmul::tiled(format, self.cols) {
+            return;
+        }
+        if int8 {
+            self.q8();
+        }
+        match (int8, matches!(format, WeightFormat::I4 { .. })) {
+            (true, true) => {
+                self.q8_i4();
+            }
+            (true, false) => {
+                self.q8_panel();
+            }
+            (false, true) => {
+                self.x_i4();
+            }
+            (false, false) => {
+                self.x_panel();
+            }
+        }
+    }
+
+    /// Row `t` as the reference kernels take it.
+    pub fn act(&self, t: usize, int8: bool) -> ActRow<'_> {
+        let nb = self.blocks();
+        ActRow {
+            x: self.row(t),
+            q8: int8.then(|| {
+                let a = self.q8();
+                Q8Row {
+                    q: &a.q[t * self.cols..(t + 1) * self.cols],
+                    d: &a.d[t * nb..(t + 1) * nb],
+                    qsum: &a.qsum[t * nb..(t + 1) * nb],
+                }
+            }),
+        }
+    }
+}
+
+/// Quantizes one row per 32-element block, symmetric, round half to even (so the SIMD path
+/// gives the same bytes): `q`, `d` and `qsum` as in [`Q8Row`].
+pub fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32], qsum: &mut [i32]) {
+    match level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Level::Avx2 is only chosen when avx2, fma and f16c are detected.
+        Level::Avx2 => unsafe { avx2::quantize_row(x, q, d, qsum) },
+        _ => scalar::quantize_row(x, q, d, qsum),
+    }
+}
+
+/// `dot(row, act)` for one weight row in `format` with its scales, on the per-row kernels
+/// of this level (AVX2, NEON, else the reference).
 pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 {
     if matches!(format, WeightFormat::I3G64 | WeightFormat::I2Plain) {
         return lowbit::dot_act(format, w, scales, act);
@@ -283,7 +773,7 @@ pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 
     match level() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: Level::Avx2 is only chosen when avx2, fma and f16c are detected.
-        Level::Avx2 => unsafe { avx2::dot_act(format, w, scales, act) },
+        Level::Avx2 => unsafe { avx2_row::dot_act(format, w, scales, act) },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: Level::Neon is only chosen when neon is detected.
         Level::Neon => unsafe { neon::dot_act(format, w, scales, act) },
@@ -296,7 +786,7 @@ pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     match level() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as in `dot_act`.
+        // SAFETY: as in `quantize_row`.
         Level::Avx2 => unsafe { avx2::dot_f32(a, b) },
         _ => scalar::dot_f32(a, b),
     }
@@ -317,7 +807,7 @@ pub fn decode_row(format: WeightFormat, w: &[u8], scales: &[u8], out: &mut [f32]
 pub fn sum_bytes_as_f32(buf: &[u8]) -> f32 {
     match level() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as in `dot_act`.
+        // SAFETY: as in `quantize_row`.
         Level::Avx2 => unsafe { avx2::sum_f32(buf) },
         _ => {
             let mut acc = [0f32; 16];

@@ -1,7 +1,7 @@
 //! Scalar reference kernels. They define what every SIMD path must compute (the property
 //! tests compare against them) and they are the fallback where no SIMD path applies.
 
-use super::{block_range, Act, Q8Act, QBLOCK};
+use super::{block_range, Act, ActRow, Q8View, QBLOCK};
 use crate::tensor::{ScaleType, WeightFormat};
 
 /// Multi-accumulator f32 dot product (the compiler vectorises it).
@@ -60,16 +60,17 @@ pub fn i2_code(w: &[u8], j: usize, cols: usize) -> u8 {
     }
 }
 
-/// Dequantized value of element `j` (for decoding and for the reference dots).
+/// Dequantized value of element `j` without its scale (decoding, the reference dots and the
+/// SIMD paths' row tails).
 #[inline(always)]
-fn elem(format: WeightFormat, w: &[u8], j: usize, cols: usize) -> f32 {
+pub fn elem(format: WeightFormat, w: &[u8], j: usize, cols: usize) -> f32 {
     match format {
         WeightFormat::F32 => {
             f32::from_le_bytes([w[4 * j], w[4 * j + 1], w[4 * j + 2], w[4 * j + 3]])
         }
         WeightFormat::BF16 => bf16_to_f32(w[2 * j], w[2 * j + 1]),
         WeightFormat::F16 => half::f16::from_le_bytes([w[2 * j], w[2 * j + 1]]).to_f32(),
-        WeightFormat::I8Row => w[j] as i8 as f32,
+        WeightFormat::I8Row | WeightFormat::I8 { .. } => w[j] as i8 as f32,
         WeightFormat::I4 { .. } => i4_code(w, j) as f32 - 8.0,
         WeightFormat::I2 { .. } => i2_code(w, j, cols) as f32 - 1.5,
         WeightFormat::I3G64 => super::lowbit::i3_code(w, j) as f32 - 4.0,
@@ -137,7 +138,7 @@ pub fn dot(format: WeightFormat, w: &[u8], scales: &[u8], x: &[f32]) -> f32 {
 /// Reference `dot(row, x)` with int8 activations `a` (natural order): per 32-element block
 /// an exact integer sum of code × q, times the block's activation scale and the weight
 /// scale of the group holding the block.
-pub fn dot_q8(format: WeightFormat, w: &[u8], scales: &[u8], a: &Q8Act, cols: usize) -> f32 {
+pub fn dot_q8(format: WeightFormat, w: &[u8], scales: &[u8], a: &impl Q8View, cols: usize) -> f32 {
     dot_q8_blocks(format, w, scales, a, cols, 0)
 }
 
@@ -147,28 +148,31 @@ pub fn dot_q8_blocks(
     format: WeightFormat,
     w: &[u8],
     scales: &[u8],
-    a: &Q8Act,
+    a: &impl Q8View,
     cols: usize,
     first: usize,
 ) -> f32 {
     let g = format.group_len(cols).unwrap_or(cols);
     let st = format.scale_type().unwrap_or(ScaleType::F32);
+    let (q, d) = (a.q(), a.d());
     let mut total = 0f32;
-    for b in first..cols.div_ceil(QBLOCK) {
+    for (b, db) in d.iter().enumerate().take(cols.div_ceil(QBLOCK)).skip(first) {
         let r = block_range(b, cols);
         let s = scale_at(st, scales, r.start / g);
         let isum: i32 = match format {
-            WeightFormat::I8Row => r.map(|j| (w[j] as i8 as i32) * a.q[j] as i32).sum(),
-            WeightFormat::I4 { .. } => r.map(|j| (i4_code(w, j) as i32 - 8) * a.q[j] as i32).sum(),
+            WeightFormat::I8Row | WeightFormat::I8 { .. } => {
+                r.map(|j| (w[j] as i8 as i32) * q[j] as i32).sum()
+            }
+            WeightFormat::I4 { .. } => r.map(|j| (i4_code(w, j) as i32 - 8) * q[j] as i32).sum(),
             // (c - 1.5) * q summed as (2c - 3) * q / 2, exact in integers.
             WeightFormat::I2 { .. } => r
-                .map(|j| (2 * i2_code(w, j, cols) as i32 - 3) * a.q[j] as i32)
+                .map(|j| (2 * i2_code(w, j, cols) as i32 - 3) * q[j] as i32)
                 .sum(),
             WeightFormat::I3G64 => r
-                .map(|j| (super::lowbit::i3_code(w, j) as i32 - 4) * a.q[j] as i32)
+                .map(|j| (super::lowbit::i3_code(w, j) as i32 - 4) * a.q()[j] as i32)
                 .sum(),
             WeightFormat::I2Plain => r
-                .map(|j| (super::lowbit::i2p_code(w, j) as i32 - 2) * a.q[j] as i32)
+                .map(|j| (super::lowbit::i2p_code(w, j) as i32 - 2) * a.q()[j] as i32)
                 .sum(),
             _ => unreachable!("dot_q8 is only called for quantized formats"),
         };
@@ -177,7 +181,7 @@ pub fn dot_q8_blocks(
         } else {
             isum as f32
         };
-        total = isum.mul_add(a.d[b] * s, total);
+        total = isum.mul_add(db * s, total);
     }
     total
 }
@@ -188,4 +192,38 @@ pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 
         Some(a) => dot_q8(format, w, scales, a, act.x.len()),
         None => dot(format, w, scales, &act.x),
     }
+}
+
+/// [`dot_act`] for a row of an `Input`.
+pub fn dot_row(format: WeightFormat, w: &[u8], scales: &[u8], act: &ActRow) -> f32 {
+    match &act.q8 {
+        Some(a) => dot_q8(format, w, scales, a, act.x.len()),
+        None => dot(format, w, scales, act.x),
+    }
+}
+
+/// Reference activation quantizer: per 32-element block `d = amax / 127`, `q = x / d`
+/// rounded half to even and clamped to ±127, `qsum = sum(q)`.
+pub fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32], qsum: &mut [i32]) {
+    for b in 0..x.len().div_ceil(QBLOCK) {
+        let r = block_range(b, x.len());
+        let amax = x[r.clone()].iter().fold(0f32, |m, v| m.max(v.abs()));
+        let (db, inv) = block_scale(amax);
+        let mut s = 0i32;
+        for j in r {
+            let v = (x[j] * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+            q[j] = v;
+            s += v as i32;
+        }
+        d[b] = db;
+        qsum[b] = s;
+    }
+}
+
+/// A block's scale and its inverse (0 for an all-zero block), shared with the SIMD
+/// quantizers so they give the same bytes.
+#[inline(always)]
+pub fn block_scale(amax: f32) -> (f32, f32) {
+    let d = amax / 127.0;
+    (d, if d > 0.0 { 1.0 / d } else { 0.0 })
 }

@@ -1,9 +1,10 @@
 //! Property tests: every SIMD path against the scalar reference, on random shapes (odd
-//! column counts included), random codes (every code value, e.g. int4's -8 and int8's -128)
-//! and random scales.
+//! column counts, row counts and batch sizes included), random codes (every code value,
+//! e.g. int4's -8 and int8's -128) and random scales; batch independence bit for bit.
 
 use super::*;
-use crate::tensor::{ScaleType, WeightFormat};
+use crate::tensor::{Blob, Matrix, ScaleType, WeightFormat};
+use std::sync::Arc;
 
 struct Rng(u64);
 impl Rng {
@@ -27,9 +28,18 @@ fn formats() -> Vec<WeightFormat> {
         WeightFormat::BF16,
         WeightFormat::F16,
         WeightFormat::I8Row,
+        WeightFormat::I3G64,
+        WeightFormat::I2Plain,
     ];
     for scale in [ScaleType::F32, ScaleType::F16] {
-        for group in [0, 32, 64, 128] {
+        for group in [0, 32, 64, 96, 128] {
+            v.push(WeightFormat::I4 { group, scale });
+            v.push(WeightFormat::I2 { group, scale });
+            v.push(WeightFormat::I8 { group, scale });
+        }
+        // Groups narrower than a 32-element block (the C layout's int4-g16) or not a
+        // multiple of one: the per-row kernels, not the tiles.
+        for group in [16, 48] {
             v.push(WeightFormat::I4 { group, scale });
             v.push(WeightFormat::I2 { group, scale });
         }
@@ -63,6 +73,30 @@ fn random_row(format: WeightFormat, cols: usize, rng: &mut Rng) -> (Vec<u8>, Vec
     (w, s)
 }
 
+fn random_matrix(format: WeightFormat, rows: usize, cols: usize, rng: &mut Rng) -> Matrix {
+    let (mut w, mut s) = (Vec::new(), Vec::new());
+    for _ in 0..rows {
+        let (a, b) = random_row(format, cols, rng);
+        w.extend(a);
+        s.extend(b);
+    }
+    let scales = (!s.is_empty()).then(|| Blob::Owned(Arc::new(s)));
+    Matrix::quantized(rows, cols, format, Blob::Owned(Arc::new(w)), scales).unwrap()
+}
+
+/// Column counts: tiny, whole blocks, odd tails, and rows long enough to be cut into
+/// several chunks by the prefill kernels (their accumulators carried between chunks).
+fn random_cols(rng: &mut Rng) -> usize {
+    match rng.below(6) {
+        0 => 1 + rng.below(40),
+        1 => 32 * (1 + rng.below(12)),
+        2 => 64 * (1 + rng.below(6)) + 1 + 2 * rng.below(31),
+        3 => 64 * (1 + rng.below(40)),
+        4 => 32 * (100 + rng.below(80)) + [0, 1, 17, 33][rng.below(4)],
+        _ => 1 + rng.below(700),
+    }
+}
+
 /// Scale of the sum: |dot| may cancel, so compare against sum |w||x|.
 fn magnitude(format: WeightFormat, w: &[u8], s: &[u8], x: &[f32]) -> f32 {
     let mut d = vec![0f32; x.len()];
@@ -70,41 +104,189 @@ fn magnitude(format: WeightFormat, w: &[u8], s: &[u8], x: &[f32]) -> f32 {
     d.iter().zip(x).map(|(a, b)| (a * b).abs()).sum::<f32>() + 1e-3
 }
 
+fn row_of(m: &Matrix, r: usize) -> (&[u8], &[u8]) {
+    let w = m.weights();
+    let rb = m.format.row_bytes(m.cols);
+    let sb = m.format.scale_row_bytes(m.cols);
+    (
+        &w.data[r * rb..(r + 1) * rb],
+        &w.scales[r * sb..(r + 1) * sb],
+    )
+}
+
 #[test]
-fn fast_paths_match_the_scalar_reference() {
+fn the_level_follows_the_cpu_unless_forced() {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
         && std::env::var("COLIBRI_KERNELS").is_err()
+        && std::env::var("COLIBRI_ISA").is_err()
     {
         assert_eq!(level(), Level::Avx2);
     }
+    assert_eq!(requested(Some("scalar"), None).0, Some(Level::Scalar));
+    assert_eq!(requested(Some("AVX2"), None).0, Some(Level::Avx2));
+    assert_eq!(requested(Some("auto"), Some("scalar")), (None, None));
+    assert_eq!(requested(None, Some("scalar")).0, Some(Level::Scalar));
+    assert_eq!(requested(None, None), (None, None));
+    let (l, note) = requested(Some("avx512"), None);
+    assert!(l.is_none() && note.unwrap().contains("no AVX-512 kernels"));
+    let (l, note) = requested(Some("sse9"), None);
+    assert!(l.is_none() && note.unwrap().contains("not one of"));
+    assert!(isa_report().starts_with("kernels "));
+}
+
+#[test]
+fn fast_paths_match_the_scalar_reference() {
     let mut rng = Rng(0x1234_5678_9abc_def1);
     let mut checked = 0;
     for format in formats() {
-        for _ in 0..60 {
-            let cols = match rng.below(4) {
-                0 => 1 + rng.below(40),
-                1 => 32 * (1 + rng.below(12)),
-                2 => 64 * (1 + rng.below(6)) + 1 + 2 * rng.below(31),
-                _ => 1 + rng.below(700),
-            };
-            let (w, s) = random_row(format, cols, &mut rng);
-            let x: Vec<f32> = (0..cols).map(|_| rng.f() * 3.0).collect();
-            let mag = magnitude(format, &w, &s, &x);
+        for _ in 0..30 {
+            let cols = random_cols(&mut rng);
+            let rows = 1 + rng.below(11);
+            let n = 1 + rng.below(9);
+            let m = random_matrix(format, rows, cols, &mut rng);
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
             for int8 in [false, true] {
-                let act = prepare(format, &x, int8);
-                let fast = dot_act(format, &w, &s, &act);
-                let reference = scalar::dot_act(format, &w, &s, &act);
-                assert!(
-                    (fast - reference).abs() <= 2e-5 * mag,
-                    "{format:?} cols {cols} int8 {int8}: fast {fast} vs reference {reference} (scale {mag})"
-                );
-                checked += 1;
+                let input = Input::new(&x, n);
+                let mut w = m.weights();
+                w.int8 = int8;
+                let mut out = vec![0f32; n * rows];
+                matmul(&w, &input, &mut out);
+                let int8 = int8 && q8_supported(format, cols);
+                for r in 0..rows {
+                    let (wr, sr) = row_of(&m, r);
+                    for t in 0..n {
+                        let act = input.act(t, int8);
+                        let reference = scalar::dot_row(format, wr, sr, &act);
+                        let mag = magnitude(format, wr, sr, act.x);
+                        let fast = out[t * rows + r];
+                        assert!(
+                            (fast - reference).abs() <= 2e-5 * mag,
+                            "{format:?} {rows}x{cols} n {n} row {r} token {t} int8 {int8}: fast {fast} vs reference {reference} (scale {mag})"
+                        );
+                        checked += 1;
+                    }
+                }
             }
         }
     }
-    assert!(checked > 1000);
+    assert!(checked > 10_000, "{checked}");
+}
+
+#[test]
+fn matmul_is_the_same_for_any_batch() {
+    let mut rng = Rng(5);
+    for format in formats() {
+        for (k, int8) in [false, true, false, true].into_iter().enumerate() {
+            // Half the cases with rows long enough for several chunks.
+            let cols = if k >= 2 {
+                32 * (100 + rng.below(80)) + [0, 1, 17][rng.below(3)]
+            } else {
+                random_cols(&mut rng)
+            };
+            let (rows, n) = (4 + rng.below(30), 2 + rng.below(11));
+            let mut m = random_matrix(format, rows, cols, &mut rng);
+            m.int8_act = int8;
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+            let mut all = vec![0f32; n * rows];
+            m.matmul(&x, n, &mut all);
+            // Every token alone, and every window of 3 tokens, gives the same bits.
+            for i in 0..n {
+                let mut one = vec![0f32; rows];
+                m.matmul(&x[i * cols..(i + 1) * cols], 1, &mut one);
+                assert_eq!(
+                    &all[i * rows..(i + 1) * rows],
+                    &one[..],
+                    "{format:?} int8 {int8} {rows}x{cols}: token {i} of {n}"
+                );
+            }
+            for s in 0..n.saturating_sub(2) {
+                let mut three = vec![0f32; 3 * rows];
+                m.matmul(&x[s * cols..(s + 3) * cols], 3, &mut three);
+                assert_eq!(&all[s * rows..(s + 3) * rows], &three[..], "{format:?}");
+            }
+            // A row computed as part of a row block gives the same bits as in the whole.
+            let r0 = 1 + rng.below(rows - 1);
+            let sub = crate::arch::blocks::row_block(&m, r0, rows);
+            let mut part = vec![0f32; n * (rows - r0)];
+            sub.matmul(&x, n, &mut part);
+            for t in 0..n {
+                assert_eq!(
+                    &all[t * rows + r0..(t + 1) * rows],
+                    &part[t * (rows - r0)..(t + 1) * (rows - r0)],
+                    "{format:?} int8 {int8}: rows {r0}.. token {t}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn several_matrices_in_one_region_equal_one_by_one() {
+    let mut rng = Rng(11);
+    let cols = 4096 + 32;
+    let n = 3;
+    let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+    let fmts = [
+        WeightFormat::BF16,
+        WeightFormat::I4 {
+            group: 64,
+            scale: ScaleType::F16,
+        },
+        WeightFormat::I8 {
+            group: 32,
+            scale: ScaleType::F16,
+        },
+    ];
+    let ms: Vec<Matrix> = fmts
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let mut m = random_matrix(*f, 40 + 7 * i, cols, &mut rng);
+            m.int8_act = i > 0;
+            m
+        })
+        .collect();
+    let input = Input::new(&x, n);
+    let mut outs: Vec<Vec<f32>> = ms.iter().map(|m| vec![0f32; n * m.rows]).collect();
+    {
+        let mut jobs: Vec<(Weights, &mut [f32])> = ms
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|(m, o)| (m.weights(), o.as_mut_slice()))
+            .collect();
+        matmul_many(&mut jobs, &input);
+    }
+    for (m, o) in ms.iter().zip(&outs) {
+        let mut one = vec![0f32; n * m.rows];
+        m.matmul(&x, n, &mut one);
+        assert_eq!(o, &one, "{:?}", m.format);
+    }
+}
+
+#[test]
+fn simd_quantizer_gives_the_reference_bytes() {
+    let mut rng = Rng(3);
+    for _ in 0..200 {
+        let cols = random_cols(&mut rng);
+        let scale = [1e-3f32, 1.0, 300.0][rng.below(3)];
+        let mut x: Vec<f32> = (0..cols).map(|_| rng.f() * scale).collect();
+        // exact ties and zero blocks
+        if cols > 40 {
+            x[3] = 0.5 * x[7].abs().max(1e-3);
+            x[32..40.min(cols)].iter_mut().for_each(|v| *v = 0.0);
+        }
+        let nb = cols.div_ceil(QBLOCK);
+        let (mut q1, mut d1, mut s1) = (vec![0i8; cols], vec![0f32; nb], vec![0i32; nb]);
+        let (mut q2, mut d2, mut s2) = (vec![0i8; cols], vec![0f32; nb], vec![0i32; nb]);
+        quantize_row(&x, &mut q1, &mut d1, &mut s1);
+        scalar::quantize_row(&x, &mut q2, &mut d2, &mut s2);
+        assert_eq!(q1, q2, "{cols}");
+        assert_eq!(d1, d2);
+        assert_eq!(s1, s2);
+    }
 }
 
 #[test]
@@ -134,7 +316,8 @@ fn int8_activations_stay_close_to_f32() {
         let (w, s) = random_row(format, 256, &mut rng);
         let x: Vec<f32> = (0..256).map(|_| rng.f()).collect();
         let exact = scalar::dot(format, &w, &s, &x);
-        let q = scalar::dot_act(format, &w, &s, &prepare(format, &x, true));
+        let input = Input::new(&x, 1);
+        let q = scalar::dot_row(format, &w, &s, &input.act(0, true));
         let mag = magnitude(format, &w, &s, &x);
         // Activation rounding error is at most half a step (amax/254) per element.
         assert!(
@@ -145,37 +328,49 @@ fn int8_activations_stay_close_to_f32() {
 }
 
 #[test]
-fn matmul_is_the_same_for_any_batch() {
-    let mut rng = Rng(5);
-    for format in [
-        WeightFormat::BF16,
-        WeightFormat::I8Row,
-        WeightFormat::I4 {
-            group: 64,
-            scale: ScaleType::F16,
-        },
-        WeightFormat::I2 {
-            group: 32,
-            scale: ScaleType::F32,
-        },
-    ] {
-        let (rows, cols, n) = (37, 161, 5);
-        let vals: Vec<f32> = (0..rows * cols).map(|_| rng.f()).collect();
-        let m = crate::tensor::Matrix::quantize_f32(rows, cols, format, &vals);
-        let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
-        let mut all = vec![0f32; n * rows];
-        m.matmul(&x, n, &mut all);
-        for i in 0..n {
-            let mut one = vec![0f32; rows];
-            m.matmul(&x[i * cols..(i + 1) * cols], 1, &mut one);
-            assert_eq!(
-                &all[i * rows..(i + 1) * rows],
-                &one[..],
-                "{format:?} row {i}"
-            );
-            for (r, v) in one.iter().enumerate() {
-                assert_eq!(*v, m.row_dot(r, &x[i * cols..(i + 1) * cols]));
+fn the_per_row_api_agrees_with_the_input_rows() {
+    // `prepare` (per-row kernels, fallback levels) and `Input` quantize the same bytes, so
+    // the reference gives the same value through either.
+    let mut rng = Rng(21);
+    for format in formats() {
+        for cols in [7, 64, 200, 1000] {
+            let (w, s) = random_row(format, cols, &mut rng);
+            let x: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
+            let input = Input::new(&x, 1);
+            for int8 in [false, true] {
+                let int8 = int8 && q8_supported(format, cols);
+                let a = prepare(format, &x, int8);
+                assert_eq!(
+                    scalar::dot_act(format, &w, &s, &a),
+                    scalar::dot_row(format, &w, &s, &input.act(0, int8)),
+                    "{format:?} {cols}"
+                );
             }
         }
     }
+}
+
+#[test]
+fn per_row_fast_paths_match_the_scalar_reference() {
+    let mut rng = Rng(0x5eed_1234);
+    let mut checked = 0;
+    for format in formats() {
+        for _ in 0..40 {
+            let cols = random_cols(&mut rng);
+            let (w, s) = random_row(format, cols, &mut rng);
+            let x: Vec<f32> = (0..cols).map(|_| rng.f() * 3.0).collect();
+            let mag = magnitude(format, &w, &s, &x);
+            for int8 in [false, true] {
+                let act = prepare(format, &x, int8);
+                let fast = dot_act(format, &w, &s, &act);
+                let reference = scalar::dot_act(format, &w, &s, &act);
+                assert!(
+                    (fast - reference).abs() <= 2e-5 * mag,
+                    "{format:?} cols {cols} int8 {int8}: fast {fast} vs reference {reference}"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 1000);
 }

@@ -170,6 +170,22 @@ pub fn quantize_row(format: WeightFormat, row: &[f32], data: &mut Vec<u8>, scale
             }
             scales.extend_from_slice(&s.to_le_bytes());
         }
+        WeightFormat::I8 { scale, .. } => {
+            let g = format.group_len(cols).unwrap_or(cols).max(1);
+            for chunk in row.chunks(g) {
+                let amax = chunk.iter().fold(0f32, |m, x| m.max(x.abs()));
+                let s = if amax.is_finite() {
+                    stored_scale(scale, amax / 127.0)
+                } else {
+                    0.0
+                };
+                let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
+                for v in chunk {
+                    data.push((v * inv).round().clamp(-127.0, 127.0) as i8 as u8);
+                }
+                push_scale(scale, s, scales);
+            }
+        }
         WeightFormat::I4 { scale, .. } | WeightFormat::I2 { scale, .. } => {
             let g = format.group_len(cols).unwrap_or(cols);
             let mut codes = vec![0u8; cols];

@@ -16,8 +16,11 @@ use crate::error::Result;
 const MAX_PENDING: usize = 4;
 
 /// Turns a stream of token ids into text deltas, never splitting a UTF-8 character.
-/// Special tokens are skipped.
+/// Special tokens are skipped, except those it was told to keep (tool-call and think markup
+/// some tokenizers mark special, which the reply parser must see).
 pub struct IncrementalDecoder {
+    /// Special tokens that come out as text; None = all are skipped.
+    keep: Option<Vec<u32>>,
     /// Tokens from `prefix_offset` on (older ones are dropped: they never matter again).
     ids: Vec<u32>,
     /// Start of the decode window within `ids`.
@@ -29,14 +32,28 @@ pub struct IncrementalDecoder {
 impl IncrementalDecoder {
     pub fn new() -> Self {
         IncrementalDecoder {
+            keep: None,
             ids: Vec::new(),
             prefix_offset: 0,
             read_offset: 0,
         }
     }
 
+    /// A decoder that writes the special tokens in `keep` as their text.
+    pub fn keeping(keep: Vec<u32>) -> Self {
+        IncrementalDecoder {
+            keep: (!keep.is_empty()).then_some(keep),
+            ..Self::new()
+        }
+    }
+
     /// Adds a token; returns the newly complete text (possibly empty).
     pub fn push(&mut self, text: &Text, id: u32) -> Result<String> {
+        if let Some(keep) = &self.keep {
+            if text.is_special(id) && !keep.contains(&id) {
+                return Ok(String::new());
+            }
+        }
         self.ids.push(id);
         self.step(text, false)
     }
@@ -45,7 +62,10 @@ impl IncrementalDecoder {
     /// out as U+FFFD, as a full decode would show it). Resets the decoder.
     pub fn finish(&mut self, text: &Text) -> Result<String> {
         let out = self.step(text, true)?;
-        *self = IncrementalDecoder::new();
+        *self = IncrementalDecoder {
+            keep: self.keep.take(),
+            ..IncrementalDecoder::new()
+        };
         Ok(out)
     }
 
@@ -53,8 +73,10 @@ impl IncrementalDecoder {
         if self.read_offset == self.ids.len() {
             return Ok(String::new());
         }
-        let prefix = text.decode(&self.ids[self.prefix_offset..self.read_offset], true)?;
-        let full = text.decode(&self.ids[self.prefix_offset..], true)?;
+        // With kept specials the others never enter `ids`, so nothing needs skipping.
+        let skip = self.keep.is_none();
+        let prefix = text.decode(&self.ids[self.prefix_offset..self.read_offset], skip)?;
+        let full = text.decode(&self.ids[self.prefix_offset..], skip)?;
         let pending = self.ids.len() - self.read_offset;
         let incomplete = full.ends_with('\u{FFFD}') && pending <= MAX_PENDING;
         if full.len() <= prefix.len() || (incomplete && !force) {

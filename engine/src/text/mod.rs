@@ -1,28 +1,52 @@
 //! Text assets of a model folder: the tokenizer (tokenizer.json via the `tokenizers` crate),
 //! the chat template (rendered with minijinja as transformers does), end/begin-of-sequence
 //! ids gathered from every file that declares them, generation_config defaults, and the
-//! streaming helpers: [`IncrementalDecoder`] and [`StopMatcher`].
+//! streaming helpers: [`IncrementalDecoder`] and [`StopMatcher`]; tool calling and the
+//! reasoning split ([`tools`], [`reply`]).
 
 mod bounded;
 mod detok;
+pub mod reply;
 mod stop;
 mod template;
+pub mod tools;
 
 pub use bounded::TokenBound;
 pub use detok::IncrementalDecoder;
+pub use reply::{ReplyConfig, ReplyDelta, ReplyParser, ReplySummary, ToolCallDelta};
 pub use stop::StopMatcher;
 pub use template::ChatTemplate;
+pub use tools::{ToolCall, ToolChoice, ToolFormat, ToolSpec};
 
 use crate::arch::config::id_list;
 use crate::error::{Error, Result};
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// assistant: the tool calls it made.
+    pub tool_calls: Vec<ToolCall>,
+    /// tool: the call this message answers.
+    pub tool_call_id: Option<String>,
+    /// tool: the called function's name.
+    pub name: Option<String>,
+    /// assistant: its reasoning, for templates that show it again.
+    pub reasoning_content: Option<String>,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+            ..Default::default()
+        }
+    }
 }
 
 /// Sampling defaults a model ships in generation_config.json; `None` where it says nothing.
@@ -70,6 +94,11 @@ pub struct Text {
     special_tokens: BTreeMap<String, String>,
     template: TemplateState,
     generation_defaults: GenerationDefaults,
+    /// Ids of added tokens marked special (a plain decode drops them).
+    special_ids: HashSet<u32>,
+    /// Every token's bytes (from tokenizer.json, as llguidance reads it), built on first use:
+    /// structured output and logprobs need them.
+    token_bytes: OnceLock<std::result::Result<Vec<Vec<u8>>, String>>,
     /// What a text can cost, for refusing one that cannot fit before tokenizing it.
     bound: TokenBound,
 }
@@ -141,6 +170,12 @@ impl Text {
             }
         };
 
+        let special_ids = tokenizer
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, _)| id)
+            .collect();
         Ok(Text {
             tokenizer,
             tokenizer_path,
@@ -149,8 +184,95 @@ impl Text {
             special_tokens,
             template,
             generation_defaults: GenerationDefaults::from_json(&gen_cfg),
+            special_ids,
+            token_bytes: OnceLock::new(),
             bound,
         })
+    }
+
+    /// Whether `id` is an added token marked special.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special_ids.contains(&id)
+    }
+
+    /// Every token's bytes, indexed by id (a special token's are `0xFF` + its text, as
+    /// llguidance's token trie expects). Read from tokenizer.json on first use.
+    pub fn token_bytes(&self) -> Result<&[Vec<u8>]> {
+        let r = self.token_bytes.get_or_init(|| {
+            let bytes = std::fs::read(&self.tokenizer_path).map_err(|e| e.to_string())?;
+            let json: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+            // llguidance asserts on malformed byte-fallback names; a hostile file must not
+            // take the process down.
+            std::panic::catch_unwind(|| llguidance::token_bytes_from_tokenizer_json(&json))
+                .map_err(|_| "malformed vocabulary".to_string())?
+                .map_err(|e| e.to_string())
+        });
+        match r {
+            Ok(v) => Ok(v),
+            Err(e) => Err(self.tok_err(format!(
+                "cannot read the token bytes (needed for structured output and logprobs): {e}"
+            ))),
+        }
+    }
+
+    /// One token's bytes as it appears in text (a special token's text without the marker).
+    pub fn token_text_bytes(&self, id: u32) -> Vec<u8> {
+        match self.token_bytes().ok().and_then(|t| t.get(id as usize)) {
+            Some(b) if b.first() == Some(&toktrie::TokTrie::SPECIAL_TOKEN_MARKER) => {
+                b[1..].to_vec()
+            }
+            Some(b) => b.clone(),
+            None => self
+                .tokenizer
+                .id_to_token(id)
+                .unwrap_or_default()
+                .into_bytes(),
+        }
+    }
+
+    /// The syntax this model's chat template writes tool calls in; None when it has none
+    /// (no chat template, or one without tool calls).
+    pub fn tool_format(&self) -> Option<ToolFormat> {
+        self.chat_template_source().and_then(ToolFormat::detect)
+    }
+
+    /// Whether the chat template uses think tags (replies carry reasoning).
+    pub fn has_think_tags(&self) -> bool {
+        self.chat_template_source()
+            .is_some_and(|s| s.contains(reply::THINK_OPEN) || s.contains(reply::THINK_CLOSE))
+    }
+
+    /// Ids of those of `markers` that are single special tokens: the detokenizer keeps them.
+    pub fn special_marker_ids(&self, markers: &[&str]) -> Vec<u32> {
+        markers
+            .iter()
+            .filter_map(|m| self.tokenizer.token_to_id(m))
+            .filter(|id| self.is_special(*id))
+            .collect()
+    }
+
+    /// How a reply to this rendered prompt should be split: reasoning when the template has
+    /// think tags (starting inside a think block the prompt left open), tool calls in the
+    /// template's syntax when tools were offered.
+    pub fn reply_config(
+        &self,
+        rendered_prompt: &str,
+        tools: &[ToolSpec],
+        id_prefix: &str,
+    ) -> ReplyConfig {
+        let think = self
+            .has_think_tags()
+            .then(|| prompt_opens_think(rendered_prompt));
+        let tools = if tools.is_empty() {
+            None
+        } else {
+            self.tool_format().map(|f| (f, tools.to_vec()))
+        };
+        ReplyConfig {
+            think,
+            tools,
+            id_prefix: id_prefix.to_string(),
+        }
     }
 
     fn tok_err(&self, e: impl std::fmt::Display) -> Error {
@@ -189,6 +311,42 @@ impl Text {
             )))
             }
         }
+    }
+
+    /// Renders a conversation with tools offered and extra template variables (e.g.
+    /// `enable_thinking`). Templates that do not render `tools` themselves (DeepSeek's) get
+    /// the family's tool section in the system prompt. Tools on a model whose template has
+    /// no tool-call syntax are an InvalidArgument error.
+    pub fn render_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: &[ToolSpec],
+        vars: &serde_json::Map<String, Value>,
+    ) -> Result<String> {
+        let t = match &self.template {
+            TemplateState::Ready(t) => t,
+            _ => return self.render_chat(messages, add_generation_prompt),
+        };
+        if tools.is_empty() {
+            return t.render_with(messages, add_generation_prompt, &[], vars);
+        }
+        let Some(format) = ToolFormat::detect(t.source()) else {
+            return Err(Error::invalid(
+                "tools",
+                "this model's chat template has no tool-call syntax, so the model cannot be given tools",
+            ));
+        };
+        if tools::renders_tools(t.source()) {
+            return t.render_with(messages, add_generation_prompt, tools, vars);
+        }
+        let section = tools::deepseek_tool_prompt(format, tools);
+        let mut msgs = messages.to_vec();
+        match msgs.iter_mut().find(|m| m.role == "system") {
+            Some(sys) => sys.content = format!("{}\n\n{section}", sys.content),
+            None => msgs.insert(0, ChatMessage::new("system", section)),
+        }
+        t.render_with(&msgs, add_generation_prompt, &[], vars)
     }
 
     /// Renders the conversation and tokenizes it as transformers' `apply_chat_template`
@@ -249,6 +407,19 @@ impl Text {
 
     pub fn tokenizer(&self) -> &tokenizers::Tokenizer {
         &self.tokenizer
+    }
+}
+
+/// Whether a rendered prompt ends inside a think block (its last `<think>` is not closed),
+/// so the reply starts with reasoning.
+pub fn prompt_opens_think(rendered: &str) -> bool {
+    match (
+        rendered.rfind(reply::THINK_OPEN),
+        rendered.rfind(reply::THINK_CLOSE),
+    ) {
+        (Some(o), Some(c)) => o > c,
+        (Some(_), None) => true,
+        _ => false,
     }
 }
 
@@ -416,6 +587,7 @@ mod tests {
             .map(|m| ChatMessage {
                 role: m["role"].as_str().unwrap().into(),
                 content: m["content"].as_str().unwrap().into(),
+                ..Default::default()
             })
             .collect();
         let agp = chat["add_generation_prompt"].as_bool().unwrap();
@@ -565,10 +737,12 @@ mod tests {
             ChatMessage {
                 role: "system".into(),
                 content: "Be brief.".into(),
+                ..Default::default()
             },
             ChatMessage {
                 role: "user".into(),
                 content: "Hi 🙂".into(),
+                ..Default::default()
             },
         ];
         assert_eq!(

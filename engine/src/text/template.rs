@@ -7,6 +7,7 @@
 //! `raise_exception` and `strftime_now`; templates also call Python string methods, which
 //! minijinja-contrib's pycompat callback supplies.
 
+use super::tools::{arguments_as_mapping, ToolSpec};
 use super::ChatMessage;
 use crate::error::{Error, Result};
 use minijinja::value::Kwargs;
@@ -64,21 +65,45 @@ impl ChatTemplate {
     /// Renders the conversation. `tools` and `documents` are left undefined, as transformers
     /// does when none are given.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_with(
+            messages,
+            add_generation_prompt,
+            &[],
+            &serde_json::Map::new(),
+        )
+    }
+
+    /// [`render`](Self::render) with tools (the template's `tools` variable, in OpenAI's
+    /// shape) and extra variables (e.g. `enable_thinking`), as transformers'
+    /// `apply_chat_template(..., tools=..., **kwargs)`.
+    pub fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        tools: &[ToolSpec],
+        vars: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
         let mut ctx: BTreeMap<String, Value> = self
             .vars
             .iter()
             .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
             .collect();
+        for (k, v) in vars {
+            ctx.insert(k.clone(), json_value(v));
+        }
+        let as_mapping = arguments_as_mapping(&self.source);
         let msgs: Vec<Value> = messages
             .iter()
-            .map(|m| {
-                let mut map = BTreeMap::new();
-                map.insert("role".to_string(), Value::from(m.role.as_str()));
-                map.insert("content".to_string(), Value::from(m.content.as_str()));
-                Value::from(map)
-            })
+            .map(|m| json_value(&message_json(m, as_mapping)))
             .collect();
         ctx.insert("messages".into(), Value::from(msgs));
+        if !tools.is_empty() {
+            let t: Vec<Value> = tools
+                .iter()
+                .map(|t| json_value(&t.to_openai_json()))
+                .collect();
+            ctx.insert("tools".into(), Value::from(t));
+        }
         ctx.insert(
             "add_generation_prompt".into(),
             Value::from(add_generation_prompt),
@@ -90,6 +115,62 @@ impl ChatTemplate {
         tmpl.render(Value::from(ctx))
             .map_err(|e| Error::Template(format!("{} failed to render: {e}", self.origin)))
     }
+}
+
+/// A JSON value as a template value; objects keep their key order.
+fn json_value(v: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    match v {
+        J::Null => Value::from(()),
+        J::Bool(b) => Value::from(*b),
+        J::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Value::from(i),
+            (_, Some(u)) => Value::from(u),
+            _ => Value::from(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        J::String(s) => Value::from(s.as_str()),
+        J::Array(a) => Value::from(a.iter().map(json_value).collect::<Vec<_>>()),
+        J::Object(o) => Value::from_pairs(o.iter().map(|(k, v)| (k.as_str(), json_value(v)))),
+    }
+}
+
+/// A message as OpenAI-style clients send it (and HF templates read it): role and content,
+/// then, only when present, `tool_calls` (`{id, type, function: {name, arguments}}`, the
+/// arguments a mapping for templates that iterate them, else the JSON text),
+/// `tool_call_id`, `name` and `reasoning_content`.
+fn message_json(m: &ChatMessage, args_as_mapping: bool) -> serde_json::Value {
+    use serde_json::{json, Value as J};
+    let mut o = serde_json::Map::new();
+    o.insert("role".into(), J::String(m.role.clone()));
+    o.insert("content".into(), J::String(m.content.clone()));
+    if !m.tool_calls.is_empty() {
+        let calls: Vec<J> = m
+            .tool_calls
+            .iter()
+            .map(|c| {
+                let args = if args_as_mapping {
+                    serde_json::from_str::<J>(&c.arguments)
+                        .ok()
+                        .filter(J::is_object)
+                        .unwrap_or_else(|| J::String(c.arguments.clone()))
+                } else {
+                    J::String(c.arguments.clone())
+                };
+                json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": args}})
+            })
+            .collect();
+        o.insert("tool_calls".into(), J::Array(calls));
+    }
+    if let Some(id) = &m.tool_call_id {
+        o.insert("tool_call_id".into(), J::String(id.clone()));
+    }
+    if let Some(n) = &m.name {
+        o.insert("name".into(), J::String(n.clone()));
+    }
+    if let Some(r) = &m.reasoning_content {
+        o.insert("reasoning_content".into(), J::String(r.clone()));
+    }
+    J::Object(o)
 }
 
 /// `raise_exception(msg)`: how HF templates reject a conversation they cannot format.
@@ -239,7 +320,8 @@ fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
 /// transformers' `tojson(x, ensure_ascii=False, indent=None, separators=None,
 /// sort_keys=False)`, i.e. Python's json.dumps output. minijinja's own tojson differs (compact
 /// separators, HTML-escaped `<>&'`), which would change the prompt text of tool-calling
-/// templates. Maps come out in minijinja's key order (sorted).
+/// templates. Maps come out in insertion order, as Python dicts do (minijinja's
+/// `preserve_order`).
 fn tojson(
     value: &Value,
     ensure_ascii: Option<bool>,
@@ -413,10 +495,7 @@ mod tests {
     fn msgs(pairs: &[(&str, &str)]) -> Vec<ChatMessage> {
         pairs
             .iter()
-            .map(|(r, c)| ChatMessage {
-                role: r.to_string(),
-                content: c.to_string(),
-            })
+            .map(|(r, c)| ChatMessage::new(*r, *c))
             .collect()
     }
 
@@ -501,13 +580,14 @@ mod tests {
 
     #[test]
     fn tojson_is_pythons_json_dumps() {
+        // Dict keys keep their insertion order, as in Python.
         let t = tmpl(
             "{{ {'b': [1, 2.5, true, none], 'a': 'é\"<>\\n'} | tojson }}|{{ [1, {'k': 'v'}] | tojson(indent=2) }}|{{ 'é' | tojson(ensure_ascii=true) }}|{{ {} | tojson }}",
         );
         let out = t.render(&[], false).unwrap();
         assert_eq!(
             out,
-            "{\"a\": \"é\\\"<>\\n\", \"b\": [1, 2.5, true, null]}|[\n  1,\n  {\n    \"k\": \"v\"\n  }\n]|\"\\u00e9\"|{}"
+            "{\"b\": [1, 2.5, true, null], \"a\": \"é\\\"<>\\n\"}|[\n  1,\n  {\n    \"k\": \"v\"\n  }\n]|\"\\u00e9\"|{}"
         );
     }
 

@@ -1,0 +1,142 @@
+//! The product driver: `out[t][r] = dot(weight row r, activation row t)` for one matrix or
+//! several matrices that read the same input (q/k/v, gate/up), split into row ranges that
+//! run as one parallel region.
+
+use super::{level, q8_supported, team, Input, Level};
+use crate::tensor::WeightFormat;
+
+/// A weight matrix as the kernels see it: `rows` packed rows of `cols` elements and their
+/// scales, and whether its activations are quantized to int8.
+#[derive(Clone, Copy, Debug)]
+pub struct Weights<'a> {
+    pub format: WeightFormat,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: &'a [u8],
+    pub scales: &'a [u8],
+    /// int8 activations (honoured where [`q8_supported`]).
+    pub int8: bool,
+}
+
+impl Weights<'_> {
+    fn row(&self, r: usize) -> &[u8] {
+        let b = self.format.row_bytes(self.cols);
+        &self.data[r * b..(r + 1) * b]
+    }
+
+    fn srow(&self, r: usize) -> &[u8] {
+        let b = self.format.scale_row_bytes(self.cols);
+        &self.scales[r * b..(r + 1) * b]
+    }
+
+    /// Bytes of weights and scales.
+    fn bytes(&self) -> usize {
+        self.data.len() + self.scales.len()
+    }
+}
+
+/// A raw output pointer shared by the tasks of one region; each task writes its own rows.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: tasks write disjoint elements (their own rows of every token), and the region
+// ends before the borrow of the output does.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+/// `out = input · wᵀ`: `out` is `input.n × w.rows`, row-major.
+pub fn matmul(w: &Weights, input: &Input, out: &mut [f32]) {
+    matmul_many(&mut [(*w, out)], input)
+}
+
+/// Several products over the same input, in one parallel region (one fork and join for all
+/// of them).
+pub fn matmul_many(jobs: &mut [(Weights, &mut [f32])], input: &Input) {
+    let n = input.n;
+    for (w, out) in jobs.iter_mut() {
+        assert!(
+            n == 0 || w.cols == input.cols,
+            "matmul: input width {} is not the matrix's {}",
+            input.cols,
+            w.cols
+        );
+        assert_eq!(out.len(), n * w.rows, "matmul: output size");
+        assert_eq!(w.data.len(), w.rows * w.format.row_bytes(w.cols));
+        assert_eq!(w.scales.len(), w.rows * w.format.scale_row_bytes(w.cols));
+        w.int8 = w.int8 && q8_supported(w.format, w.cols);
+        input.prepare_for(w.format, w.int8);
+    }
+    if n == 0 {
+        return;
+    }
+    let outs: Vec<Out> = jobs.iter_mut().map(|(_, o)| Out(o.as_mut_ptr())).collect();
+    let ws: Vec<Weights> = jobs.iter().map(|(w, _)| *w).collect();
+    let total: usize = ws.iter().map(|w| w.bytes() + 1).sum();
+    let threads = team::threads();
+    // A few tasks per thread (the cores are shared with other work, so smaller pieces
+    // balance better), none under 16 rows (one cache line of outputs), nothing parallel for
+    // products too small to pay for waking threads.
+    let target = if threads == 1 || total * n < (96 << 10) {
+        1
+    } else {
+        threads * 4
+    };
+    let mut tasks: Vec<(usize, usize, usize)> = Vec::with_capacity(target + ws.len());
+    for (j, w) in ws.iter().enumerate() {
+        if w.rows == 0 {
+            continue;
+        }
+        let k = (target * (w.bytes() + 1)).div_ceil(total).max(1);
+        let chunk = w.rows.div_ceil(k).next_multiple_of(16);
+        let mut r = 0;
+        while r < w.rows {
+            let e = (r + chunk).min(w.rows);
+            tasks.push((j, r, e));
+            r = e;
+        }
+    }
+    team::par_for(tasks.len(), &|k| {
+        let (j, r0, r1) = tasks[k];
+        // SAFETY: task `k` alone writes rows r0..r1 of output j, which is n × rows.
+        unsafe { run_rows(&ws[j], input, r0..r1, outs[j].0, ws[j].rows) }
+    });
+}
+
+/// `out[t * ld + r]` for `r` in `rows` and every token, on the level's kernels.
+///
+/// # Safety
+/// `out` must be valid for those writes and no one else may write them meanwhile.
+unsafe fn run_rows(
+    w: &Weights,
+    input: &Input,
+    rows: std::ops::Range<usize>,
+    out: *mut f32,
+    ld: usize,
+) {
+    match level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Level::Avx2 is only chosen when avx2, fma and f16c are detected; the
+        // input was prepared for this format by `matmul_many`.
+        Level::Avx2 if tiled(w.format, w.cols) => super::avx2::matmul_rows(w, input, rows, out, ld),
+        _ => {
+            // The per-row kernels: each token prepared once, every row against it (other
+            // levels, the colibri C engine's int3/int2 rows, and groups the tiles' scale
+            // windows cannot express).
+            for t in 0..input.n {
+                let a = super::prepare(w.format, input.row(t), w.int8);
+                for r in rows.clone() {
+                    *out.add(t * ld + r) = super::dot_act(w.format, w.row(r), w.srow(r), &a);
+                }
+            }
+        }
+    }
+}
+
+/// Whether `format` with rows of `cols` has register tiles (else its products run on the
+/// per-row kernels). The tiles take one scale per 32-element block or wider, so a group of a
+/// multiple of 32 or one group per row; the C layout's int4 with 16-element groups is not.
+pub(super) fn tiled(format: WeightFormat, cols: usize) -> bool {
+    !matches!(format, WeightFormat::I3G64 | WeightFormat::I2Plain)
+        && format
+            .group_len(cols)
+            .is_none_or(|g| g.is_multiple_of(super::QBLOCK) || g >= cols)
+}

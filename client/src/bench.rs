@@ -25,6 +25,13 @@ pub struct BenchArgs {
     /// Tokens to decode (--model).
     #[arg(long, default_value_t = 32)]
     pub tokens: usize,
+    /// Positions already in the KV cache when prefill and decode are timed (--model; as
+    /// `llama-bench -d`).
+    #[arg(long, default_value_t = 0)]
+    pub depth: usize,
+    /// Runs of prefill and decode (--model); the mean and the range are reported.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
     #[command(flatten)]
     pub daemon: crate::bench_daemon::DaemonBenchArgs,
 }
@@ -47,7 +54,16 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
         print!("{}", bench::kernel_report(a.size_mib << 20, threads, 5));
     }
     if let Some(dir) = &a.model {
-        let r = bench::model_bench(dir, threads, a.prompt, a.tokens)?;
+        let r = bench::model_bench(
+            dir,
+            &bench::ModelBenchOptions {
+                threads,
+                prompt: a.prompt,
+                gen: a.tokens,
+                depth: a.depth,
+                reps: a.repeat,
+            },
+        )?;
         println!("model {}", dir.display());
         print!("{r}");
     }

@@ -13,7 +13,7 @@ use colibri_engine::arch::Ffn;
 use colibri_engine::experts::hooks::RouteSource;
 use colibri_engine::experts::sim::belady;
 use colibri_engine::experts::stream::{self, StreamOptions};
-use colibri_engine::experts::trace::{Recorder, ZipfRouting};
+use colibri_engine::experts::trace::{Recorder, ReplayRouting, ZipfRouting};
 use colibri_engine::experts::{policy, RoutingObserver, StoreStats, Trace};
 use colibri_engine::{GenerateRequest, Generation, LogitsWanted, SamplingParams, SeqStep};
 use std::path::PathBuf;
@@ -29,7 +29,7 @@ pub struct TraceArgs {
     #[arg(
         long,
         conflicts_with = "prompt_ids",
-        required_unless_present = "prompt_ids"
+        required_unless_present_any = ["prompt_ids", "replay_routing"]
     )]
     pub prompt: Option<String>,
     /// Prompt as token ids, comma separated.
@@ -65,6 +65,14 @@ pub struct TraceArgs {
     /// generations are noise). At most --max-tokens of them are fed.
     #[arg(long, value_name = "FILE", conflicts_with = "synthetic_routing")]
     pub follow_ids: Option<PathBuf>,
+    /// Benchmarks only (changes outputs): force the routing recorded in a trace (`coli
+    /// trace --output`, or a converted real one) into this model, row by row and layer by
+    /// layer, so the expert cache sees a trained model's routing. The model needs the same
+    /// expert topology (`coli synth --like-trace TRACE`). Without a prompt, the prompt is the
+    /// trace's first step's rows; generation stops at the trace's last row. Prefetch is off
+    /// (the model's own router no longer predicts anything).
+    #[arg(long, value_name = "TRACE", conflicts_with_all = ["synthetic_routing", "follow_ids"])]
+    pub replay_routing: Option<PathBuf>,
     /// Print the statistics as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -128,8 +136,17 @@ pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
     }
     let (mut model, load_s) =
         local::load_model(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
+    let replay = match &a.replay_routing {
+        Some(p) => Some(Arc::new(replay_source(&model, p)?)),
+        None => None,
+    };
     let streaming = if a.stream {
-        let s = stream::enable(&mut model, &a.cache.options(global.state_dir.clone()))?;
+        let mut opts = a.cache.options(global.state_dir.clone());
+        if replay.is_some() && opts.prefetch {
+            eprintln!("note: prefetch is off while replaying a trace's routing (the model's router does not predict it)");
+            opts.prefetch = false;
+        }
+        let s = stream::enable(&mut model, &opts)?;
         for w in &s.warnings {
             eprintln!("warning: {w}");
         }
@@ -169,7 +186,7 @@ pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
             let z = ZipfRouting::new(n_layers, n_experts, top_k, s, stick, 1).with_draw_seed(seed);
             Some(Arc::new(z))
         }
-        None => None,
+        None => replay.clone().map(|r| r as Arc<dyn RouteSource>),
     };
     for (li, l) in model.net.layers.iter_mut().enumerate() {
         if let Ffn::Moe(m) = &mut l.ffn {
@@ -180,23 +197,36 @@ pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
         }
     }
 
-    let spec = match (&a.prompt_ids, &a.prompt) {
-        (Some(ids), _) => PromptSpec::Ids(ids.clone()),
-        (None, Some(t)) => PromptSpec::Text {
+    let spec = match (&a.prompt_ids, &a.prompt, &replay) {
+        (Some(ids), _, _) => PromptSpec::Ids(ids.clone()),
+        (None, Some(t), _) => PromptSpec::Text {
             text: t.clone(),
             system: None,
             raw: a.raw,
         },
-        (None, None) => anyhow::bail!("give --prompt or --prompt-ids"),
+        // The trace's prompt rows (the tokens do not matter: the routing is replayed).
+        (None, None, Some(r)) => PromptSpec::Ids(vec![1; r.first_step_rows()]),
+        (None, None, None) => anyhow::bail!("give --prompt or --prompt-ids"),
     };
     let prompt = local::prompt_ids(&model, &spec)?;
     let follow = match &a.follow_ids {
         Some(p) => Some(read_ids(p, model.info.vocab_size)?),
         None => None,
     };
-    let max_tokens = follow
+    let mut max_tokens = follow
         .as_ref()
         .map_or(a.max_tokens, |f| f.len().min(a.max_tokens));
+    if let Some(r) = &replay {
+        let left = r.rows().saturating_sub(prompt.len()).max(1);
+        if max_tokens > left {
+            eprintln!(
+                "note: the trace has {} rows: generating {left} tokens after the {}-token prompt",
+                r.rows(),
+                prompt.len()
+            );
+            max_tokens = left;
+        }
+    }
     let req = GenerateRequest {
         prompt: prompt.clone(),
         max_tokens,
@@ -269,6 +299,7 @@ pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
         "expert_top_p": a.cache.expert_topp,
         "synthetic_routing": a.synthetic_routing,
         "follow_ids": a.follow_ids.as_ref().map(|p| p.display().to_string()),
+        "replay_routing": a.replay_routing.as_ref().map(|p| p.display().to_string()),
     });
     if let Some(s) = &streaming {
         let st = s.stats();
@@ -319,6 +350,60 @@ pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The routing of the trace at `path`, to be forced into `model`: same experts per layer,
+/// every traced layer a MoE layer of the model.
+fn replay_source(
+    model: &colibri_engine::Model,
+    path: &std::path::Path,
+) -> anyhow::Result<ReplayRouting> {
+    let t = Trace::load(path).with_context(|| format!("reading {}", path.display()))?;
+    let moe: Vec<(usize, usize, usize)> = model
+        .net
+        .layers
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| match &l.ffn {
+            Ffn::Moe(m) => Some((i, m.experts.len(), m.top_k)),
+            Ffn::Dense(_) => None,
+        })
+        .collect();
+    let Some(&(first, _, _)) = moe.first() else {
+        anyhow::bail!("{} has no routed experts", model.info.dir.display());
+    };
+    let mut traced: Vec<usize> = t
+        .steps
+        .iter()
+        .flat_map(|s| s.layers.iter().map(|l| l.layer))
+        .collect();
+    traced.sort_unstable();
+    traced.dedup();
+    for l in traced {
+        match moe.iter().find(|m| m.0 == l) {
+            Some(&(_, e, _)) if e == t.n_experts => {}
+            Some(&(_, e, _)) => anyhow::bail!(
+                "{}: layer {l} routes over {} experts, the model's over {e}; make a model with `coli synth --like-trace {}`",
+                path.display(), t.n_experts, path.display()
+            ),
+            None => anyhow::bail!(
+                "{}: layer {l} is not a MoE layer of {}; make a model with `coli synth --like-trace {}`",
+                path.display(), model.info.dir.display(), path.display()
+            ),
+        }
+    }
+    if let Some(&(_, _, k)) = moe.iter().find(|m| m.2 != t.top_k) {
+        eprintln!(
+            "note: the model routes top-{k}, the trace top-{}: the trace's experts are used",
+            t.top_k
+        );
+    }
+    eprintln!(
+        "note: replaying the routing of {} ({}): outputs are not the model's",
+        path.display(),
+        t.model
+    );
+    Ok(ReplayRouting::new(t, first)?)
 }
 
 /// Token ids from a file (comma or white-space separated), each below `vocab`.

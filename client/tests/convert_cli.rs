@@ -154,6 +154,67 @@ fn synth_writes_a_loadable_full_shape_model() {
     );
 }
 
+/// `coli synth --format hf`: a Hub checkpoint (bf16 shards with an index, config, made-up
+/// byte-level tokenizer with a chat template) that colibri reads as any downloaded model.
+/// (Checked against transformers by hand: max |Δlogit| 1.6e-6 on the 1-layer model.)
+#[test]
+fn synth_hf_writes_a_hub_checkpoint_with_a_tokenizer() {
+    let out = tempfile::tempdir().unwrap();
+    let st = coli()
+        .args([
+            "synth",
+            "--like",
+            "olmoe-1b-7b",
+            "--layers",
+            "1",
+            "--format",
+            "hf",
+        ])
+        .arg("--output")
+        .arg(out.path())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let ck = colibri_engine::container::Checkpoint::open(out.path()).unwrap();
+    assert!(!ck.is_container);
+    let index: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(out.path().join("model.safetensors.index.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        index["weight_map"]["model.layers.0.mlp.experts.63.down_proj.weight"],
+        "model-00001-of-00001.safetensors"
+    );
+    let m = colibri_engine::Model::load(out.path()).unwrap();
+    assert_eq!(m.info.vocab_size, 50304);
+    assert!(m.info.eos_ids.contains(&50279));
+    let text = m.text.as_ref().expect("tokenizer.json is written");
+    let ids = text.encode("Tell me about the sea", false).unwrap();
+    assert!(!ids.is_empty() && ids.len() < 21, "{ids:?}");
+    let logits = m.score(&ids).unwrap();
+    assert!(logits.iter().all(|v| v.is_finite()));
+    // The chat template renders through the model's own tokenizer config.
+    let out = coli()
+        .args(["run", "--local", "--model"])
+        .arg(out.path())
+        .args([
+            "--max-tokens",
+            "2",
+            "--temperature",
+            "0",
+            "--output",
+            "ids",
+            "hello",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A synth model's routers follow the tokens in every layer, as a trained model's do: fed a
 /// real text, each layer spreads over the experts and the same word goes to mostly the same
 /// experts. (With all weights at 0.02 the residual stream became one vector common to every

@@ -149,3 +149,210 @@ fn bad_arguments_are_clear_errors() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("unknown policy"));
 }
+
+/// A trace of `rows` rows of routing over the olmoe fixture's topology (2 layers × 8
+/// experts, top-2): a prompt step of 3 rows, then one row per step.
+fn fixture_trace(rows: usize, experts: usize) -> serde_json::Value {
+    let mut x = 7u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut row = move || {
+        let a = next() % experts as u64;
+        let b = (a + 1 + next() % (experts as u64 - 1)) % experts as u64;
+        serde_json::json!([a, b])
+    };
+    let mut steps = Vec::new();
+    let mut left = rows;
+    let mut first = true;
+    while left > 0 {
+        let n = if first { 3.min(left) } else { 1 };
+        first = false;
+        left -= n;
+        let layers: Vec<serde_json::Value> = (0..2)
+            .map(|l| serde_json::json!({"layer": l, "experts": (0..n).map(|_| row()).collect::<Vec<_>>()}))
+            .collect();
+        steps.push(serde_json::json!({"rows": n, "layers": layers}));
+    }
+    serde_json::json!({"version": 1, "model": "hand-made", "n_layers": 2, "n_experts": experts,
+        "top_k": 2, "expert_bytes": 4096, "steps": steps})
+}
+
+/// `coli trace --replay-routing` forces a trace's routing into a model of the same topology,
+/// row by row and layer by layer (the run's own recorded trace is the replayed one), and
+/// `coli simulate` marks the default policy and prices a trace's bytes per its own or a
+/// given expert size.
+#[test]
+fn replay_routing_forces_a_traces_routing() {
+    let m = olmoe();
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path().join("t.json");
+    std::fs::write(&t, fixture_trace(9, 8).to_string()).unwrap();
+    let rec = tmp.path().join("rec.json");
+    let state = tmp.path().join("state");
+    let v = json(&coli(&[
+        "trace",
+        "--model",
+        m.to_str().unwrap(),
+        "--replay-routing",
+        t.to_str().unwrap(),
+        "--stream",
+        "--expert-cache",
+        "0",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--output",
+        rec.to_str().unwrap(),
+        "--json",
+    ]));
+    // The prompt is the trace's first step (3 rows); generation stops at its last row.
+    assert_eq!(v["prompt_tokens"], 3);
+    assert_eq!(v["generated_tokens"], 6);
+    let rows = |path: &Path| -> Vec<Vec<Vec<u64>>> {
+        let t: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let mut out = Vec::new();
+        for s in t["steps"].as_array().unwrap() {
+            for r in 0..s["rows"].as_u64().unwrap() as usize {
+                out.push(
+                    s["layers"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|l| {
+                            l["experts"][r]
+                                .as_array()
+                                .unwrap()
+                                .iter()
+                                .map(|e| e.as_u64().unwrap())
+                                .collect()
+                        })
+                        .collect(),
+                );
+            }
+        }
+        out
+    };
+    // The last generated token is sampled but never run through the model.
+    let want = rows(&t);
+    let got = rows(&rec);
+    assert_eq!(got.len(), 8);
+    assert_eq!(got[..], want[..8]);
+
+    let sim = |extra: &[&str]| {
+        let mut args = vec![
+            "simulate",
+            "--trace",
+            t.to_str().unwrap(),
+            "--capacity",
+            "4",
+            "--policies",
+            "lru",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        json(&coli(&args))
+    };
+    let a = sim(&[]);
+    let results = a["results"].as_array().unwrap();
+    let default: Vec<&serde_json::Value> =
+        results.iter().filter(|r| r["default"] == true).collect();
+    assert_eq!(default.len(), 1, "{a}");
+    assert_eq!(default[0]["policy"], "lrfu-auto");
+    for r in results {
+        for k in [
+            "policy",
+            "capacity",
+            "hit_rate",
+            "bytes_per_token",
+            "vs_belady",
+        ] {
+            assert!(!r[k].is_null(), "{k} missing: {r}");
+        }
+    }
+    let b = sim(&["--expert-bytes", "8192"]);
+    for (x, y) in results.iter().zip(b["results"].as_array().unwrap()) {
+        let (bx, by) = (
+            x["bytes_per_token"].as_f64().unwrap(),
+            y["bytes_per_token"].as_f64().unwrap(),
+        );
+        assert!((by - 2.0 * bx).abs() < 1e-9, "{bx} {by}");
+        assert_eq!(x["vs_belady"], y["vs_belady"]);
+    }
+
+    // A trace of another topology is refused, pointing at `coli synth --like-trace`.
+    let other = tmp.path().join("other.json");
+    std::fs::write(&other, fixture_trace(4, 16).to_string()).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_coli"))
+        .args([
+            "trace",
+            "--model",
+            m.to_str().unwrap(),
+            "--replay-routing",
+            other.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--like-trace"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// The default policy on real routing (the two traces committed in tools/streaming/traces):
+/// within 3% of the best fixed policy at 10%, 25% and 40% of the experts, and never above
+/// the ×Belady figures docs/STREAMING.md reports for it. A change of policy that loses on
+/// trained models' routing fails here.
+#[test]
+fn default_policy_holds_on_real_routing() {
+    let traces = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/streaming/traces");
+    // (trace, the default's ×Belady at 10/25/40% as measured, rounded up)
+    for (name, bound) in [
+        ("gemma-4-26b-a4b.trace.json", [1.64, 1.73, 1.27]),
+        ("gpt-oss-120b.trace.json", [1.57, 1.24, 1.04]),
+    ] {
+        let path = traces.join(name);
+        let sim = json(&coli(&[
+            "simulate",
+            "--trace",
+            path.to_str().unwrap(),
+            "--capacity",
+            "10%,25%,40%",
+            "--json",
+        ]));
+        let results = sim["results"].as_array().unwrap();
+        let mut caps: Vec<u64> = results
+            .iter()
+            .map(|r| r["capacity"].as_u64().unwrap())
+            .collect();
+        caps.sort();
+        caps.dedup();
+        assert_eq!(caps.len(), 3);
+        for (cap, bound) in caps.iter().zip(bound) {
+            let row: Vec<&serde_json::Value> =
+                results.iter().filter(|r| r["capacity"] == *cap).collect();
+            let x = |r: &serde_json::Value| r["vs_belady"].as_f64().unwrap();
+            let default = row.iter().find(|r| r["default"] == true).unwrap();
+            assert_eq!(default["policy"], "lrfu-auto");
+            let best_fixed = row
+                .iter()
+                .filter(|r| r["default"] != true && r["policy"] != "belady")
+                .map(|r| x(r))
+                .fold(f64::INFINITY, f64::min);
+            assert!(
+                x(default) <= best_fixed * 1.03,
+                "{name} at {cap}: default {} vs best fixed {best_fixed}",
+                x(default)
+            );
+            assert!(
+                x(default) <= bound,
+                "{name} at {cap}: {} > {bound}",
+                x(default)
+            );
+        }
+    }
+}

@@ -253,11 +253,11 @@ mod tests {
     use super::*;
 
     fn sample() -> (SessionMeta, KvCache) {
-        let mut kv = KvCache::new(&[(4, 4), (4, 4)], 32);
+        let mut kv = KvCache::with_dtype(&[(4, 4), (4, 4)], 32, colibri_engine::kv::KvDtype::F16);
         kv.len = 3;
         for l in &mut kv.layers {
-            l.k = (0..12).map(|x| x as f32 / 7.0).collect();
-            l.v = (0..12).map(|x| -(x as f32)).collect();
+            l.k.extend_from_f32(&(0..12).map(|x| x as f32 / 7.0).collect::<Vec<_>>());
+            l.v.extend_from_f32(&(0..12).map(|x| -(x as f32)).collect::<Vec<_>>());
         }
         let meta = SessionMeta {
             id: "s1".into(),
@@ -285,7 +285,7 @@ mod tests {
         let (m2, kv2) = load(&p, "/models/m", &layout).unwrap();
         assert_eq!(m2, meta);
         assert_eq!(kv2.len, 3);
-        assert_eq!(kv2.layers[1].k, kv.layers[1].k);
+        assert_eq!(kv2.layers[1].k.to_f32_vec(), kv.layers[1].k.to_f32_vec());
         let sum = read_summary(&p).unwrap();
         assert_eq!(sum.meta, meta);
         assert_eq!(sum.cached_tokens, 3);

@@ -252,21 +252,47 @@ impl std::fmt::Display for KernelReport {
     }
 }
 
-/// `coli bench --model`: prefill and decode speed of a model in RAM, its peak RSS, and the
-/// weight bytes a decode step streams per second next to the measured read bandwidth.
+/// `coli bench --model`: prefill and decode speed of a model in RAM, where the time goes,
+/// its peak RSS, and the bytes a decode step reads per second next to the measured read
+/// bandwidth.
 #[derive(Clone, Debug)]
 pub struct ModelBench {
     pub threads: usize,
     pub load_s: f64,
     pub prompt_tokens: usize,
-    pub prefill_tok_s: f64,
+    /// Positions already in the cache when the timed prefill and decode start
+    /// (`llama-bench -d`).
+    pub depth: usize,
+    /// Tokens per second of each run.
+    pub prefill_runs: Vec<f64>,
     pub decode_tokens: usize,
-    pub decode_tok_s: f64,
+    pub decode_runs: Vec<f64>,
+    /// Seconds per phase ([`crate::arch::profile::PHASES`] order, then glue: the rest of the
+    /// wall time) per prefill run and per decoded token, averaged over the runs.
+    pub prefill_phases: [f64; 7],
+    pub decode_phases: [f64; 7],
     pub peak_rss_bytes: u64,
     /// Weight bytes one decode step reads: everything resident but the embedding table,
     /// with only `top_k` routed experts per MoE layer.
     pub bytes_per_token: u64,
+    /// KV cache bytes one decode step reads, on average over the timed decode.
+    pub kv_bytes_per_token: u64,
+    pub kv_dtype: &'static str,
     pub bandwidth: f64,
+}
+
+/// What `coli bench --model` runs.
+#[derive(Clone, Debug)]
+pub struct ModelBenchOptions {
+    pub threads: usize,
+    /// Prompt tokens prefilled in one step.
+    pub prompt: usize,
+    /// Tokens decoded one at a time.
+    pub gen: usize,
+    /// Positions filled (untimed) before each timed prefill and decode.
+    pub depth: usize,
+    /// Runs of each; the report gives the mean and the range.
+    pub reps: usize,
 }
 
 /// Peak resident set size of this process (`VmHWM`), in bytes.
@@ -296,16 +322,18 @@ fn decode_bytes(net: &crate::arch::Network) -> u64 {
     b
 }
 
-/// Loads `dir`, prefills `prompt` pseudo-random tokens, decodes `gen` tokens greedily, with
-/// `threads` threads; then measures the read bandwidth with the same threads.
-pub fn model_bench(
-    dir: &std::path::Path,
-    threads: usize,
-    prompt: usize,
-    gen: usize,
-) -> crate::Result<ModelBench> {
+fn argmax(v: &[f32]) -> u32 {
+    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b }) as u32
+}
+
+/// Loads `dir`; `reps` times: fills `depth` positions (untimed), prefills `prompt`
+/// pseudo-random tokens in one step, rewinds to `depth` and decodes `gen` tokens greedily
+/// (as `llama-bench -d` runs its pp and tg tests from the same depth); with `threads`
+/// threads. Then measures the read bandwidth with the same threads.
+pub fn model_bench(dir: &std::path::Path, o: &ModelBenchOptions) -> crate::Result<ModelBench> {
+    use crate::arch::profile;
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
+        .num_threads(o.threads)
         .build()
         .map_err(|e| crate::Error::invalid("threads", e.to_string()))?;
     pool.install(|| {
@@ -313,7 +341,8 @@ pub fn model_bench(
         let model = crate::Model::load(dir)?;
         let load_s = t.elapsed().as_secs_f64();
         let vocab = model.info.vocab_size as u64;
-        let need = prompt + gen;
+        let prompt = o.prompt.max(1);
+        let need = o.depth + prompt.max(o.gen);
         if need > model.info.max_context {
             return Err(crate::Error::ContextOverflow {
                 needed: need,
@@ -321,63 +350,160 @@ pub fn model_bench(
             });
         }
         let mut s = 0x2545F4914F6CDD1Du64;
-        let ids: Vec<u32> = (0..prompt.max(1))
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s % vocab) as u32
-            })
-            .collect();
-        let mut cache = model.new_cache();
-        let t = Instant::now();
-        let mut logits = model.step(&mut cache, &ids)?;
-        let prefill_s = t.elapsed().as_secs_f64();
-        let t = Instant::now();
-        for _ in 0..gen {
-            let next =
-                (0..logits.len()).fold(0, |b, i| if logits[i] > logits[b] { i } else { b }) as u32;
-            logits = model.step(&mut cache, &[next])?;
+        let mut ids = |n: usize| -> Vec<u32> {
+            (0..n)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    (s % vocab) as u32
+                })
+                .collect()
+        };
+        let reps = o.reps.max(1);
+        let (mut prefill_runs, mut decode_runs) = (Vec::new(), Vec::new());
+        let (mut pre_ph, mut dec_ph) = ([0f64; 7], [0f64; 7]);
+        let mut kv_bytes = 0u64;
+        let add = |acc: &mut [f64; 7], wall: f64, div: f64| {
+            let ns = profile::take();
+            let mut sum = 0.0;
+            for (a, n) in acc.iter_mut().zip(ns) {
+                *a += n as f64 * 1e-9 / div;
+                sum += n as f64 * 1e-9;
+            }
+            acc[6] += (wall - sum).max(0.0) / div;
+        };
+        for _ in 0..reps {
+            let mut cache = model.new_cache();
+            let mut last = vec![0f32; model.info.vocab_size];
+            if o.depth > 0 {
+                last = model.step(&mut cache, &ids(o.depth))?;
+            }
+            let p = ids(prompt);
+            profile::take();
+            profile::enable(true);
+            let t = Instant::now();
+            let logits = model.step(&mut cache, &p)?;
+            let prefill_s = t.elapsed().as_secs_f64();
+            add(&mut pre_ph, prefill_s, reps as f64);
+            prefill_runs.push(p.len() as f64 / prefill_s);
+            if o.depth == 0 {
+                last = logits;
+            }
+            cache.truncate(o.depth);
+            let before = cache.size_bytes() as u64;
+            profile::take();
+            let t = Instant::now();
+            for _ in 0..o.gen {
+                last = model.step(&mut cache, &[argmax(&last)])?;
+            }
+            let decode_s = t.elapsed().as_secs_f64();
+            profile::enable(false);
+            add(&mut dec_ph, decode_s, (reps * o.gen.max(1)) as f64);
+            decode_runs.push(o.gen as f64 / decode_s);
+            // Step j reads the cache as it is after appending its own position.
+            let per_pos = cache.bytes_per_position() as u64;
+            kv_bytes = before + per_pos * (o.gen as u64 + 1) / 2;
         }
-        let decode_s = t.elapsed().as_secs_f64();
         let bytes_per_token = decode_bytes(&model.net);
+        let kv_dtype = model
+            .new_cache()
+            .layers
+            .first()
+            .map_or("-", |l| l.k.dtype().name());
         let peak_rss_bytes = peak_rss();
         drop(model);
         let buf = random_bytes(1 << 30, 3);
         let bandwidth = read_bandwidth(&buf, 3);
         Ok(ModelBench {
-            threads,
+            threads: o.threads,
             load_s,
-            prompt_tokens: ids.len(),
-            prefill_tok_s: ids.len() as f64 / prefill_s,
-            decode_tokens: gen,
-            decode_tok_s: gen as f64 / decode_s,
+            prompt_tokens: prompt,
+            depth: o.depth,
+            prefill_runs,
+            decode_tokens: o.gen,
+            decode_runs,
+            prefill_phases: pre_ph,
+            decode_phases: dec_ph,
             peak_rss_bytes,
             bytes_per_token,
+            kv_bytes_per_token: kv_bytes,
+            kv_dtype,
             bandwidth,
         })
     })
 }
 
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+fn range(v: &[f64]) -> String {
+    if v.len() < 2 {
+        return String::new();
+    }
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(0f64, f64::max);
+    format!(", {} runs: {lo:.2}–{hi:.2}", v.len())
+}
+
+fn phases(p: &[f64; 7], scale: f64, unit: &str) -> String {
+    let total: f64 = p.iter().sum();
+    let names = crate::arch::profile::PHASES
+        .iter()
+        .map(|p| p.name())
+        .chain(["glue"]);
+    let parts: Vec<String> = names
+        .zip(p)
+        .map(|(n, v)| {
+            format!(
+                "{n} {:.2}{unit} ({:.0}%)",
+                v * scale,
+                100.0 * v / total.max(1e-12)
+            )
+        })
+        .collect();
+    parts.join(" · ")
+}
+
 impl std::fmt::Display for ModelBench {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kernel = self.bytes_per_token as f64 * self.decode_tok_s;
+        let decode = mean(&self.decode_runs);
+        let reads = (self.bytes_per_token + self.kv_bytes_per_token) as f64;
+        let kernel = reads * decode;
         writeln!(
             f,
-            "threads {} · {} · load {:.1} s",
+            "threads {} · {} · KV cache {} · load {:.1} s",
             self.threads,
             kernels::isa_report(),
+            self.kv_dtype,
             self.load_s
         )?;
         writeln!(
             f,
-            "prefill  {:>8.1} tok/s  ({} tokens)",
-            self.prefill_tok_s, self.prompt_tokens
+            "prefill  {:>8.1} tok/s  ({} tokens at depth {}{})",
+            mean(&self.prefill_runs),
+            self.prompt_tokens,
+            self.depth,
+            range(&self.prefill_runs)
         )?;
         writeln!(
             f,
-            "decode   {:>8.2} tok/s  ({} tokens)",
-            self.decode_tok_s, self.decode_tokens
+            "decode   {:>8.2} tok/s  ({} tokens at depth {}{})",
+            decode,
+            self.decode_tokens,
+            self.depth,
+            range(&self.decode_runs)
+        )?;
+        writeln!(
+            f,
+            "prefill phases (ms per prefill): {}",
+            phases(&self.prefill_phases, 1e3, " ms")
+        )?;
+        writeln!(
+            f,
+            "decode phases (ms per token): {}",
+            phases(&self.decode_phases, 1e3, " ms")
         )?;
         writeln!(
             f,
@@ -386,8 +512,10 @@ impl std::fmt::Display for ModelBench {
         )?;
         writeln!(
             f,
-            "decode streams {:.1} MB of weights per token: {:.1} GB/s of {:.1} GB/s read bandwidth ({:.0}%)",
+            "decode reads {:.1} MB per token ({:.1} MB weights + {:.1} MB KV cache): {:.1} GB/s of {:.1} GB/s read bandwidth ({:.0}%)",
+            reads / 1e6,
             self.bytes_per_token as f64 / 1e6,
+            self.kv_bytes_per_token as f64 / 1e6,
             kernel / 1e9,
             self.bandwidth / 1e9,
             100.0 * kernel / self.bandwidth

@@ -1,16 +1,333 @@
 //! Per-sequence KV caches. One [`KvCache`] holds every layer's keys and values for the
 //! positions a sequence has seen so far; the forward pass appends to it.
+//!
+//! Keys and values of grouped-query attention are stored in f16 by default ([`KvDtype`]):
+//! half the memory and half the bytes attention reads per decoded token, as llama.cpp's
+//! default cache; it moves the fixtures' logits by at most 1.4e-3 (tolerance 2e-3). MLA's
+//! latent cache (already 4–8× smaller than expanded keys and values) stays f32: in f16 it
+//! moves two MLA fixtures' logits past the tolerance (2.2e-3 and 2.8e-3). `COLIBRI_KV=f32|f16` forces
+//! one dtype for every layer. Values beyond f16's range are clamped to ±65504 rather than
+//! stored as infinities. The attention kernels over stored rows ([`KvRow::dot`], [`KvRow::axpy_to`])
+//! convert on the fly (F16C on x86-64) and are tested against a scalar reference.
+
+use half::f16;
+
+/// Element type of the stored keys and values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvDtype {
+    F32,
+    F16,
+}
+
+impl KvDtype {
+    /// The dtype `COLIBRI_KV=f32|f16` forces on every layer of new caches (read once);
+    /// `None`: each attention kind's default.
+    pub fn from_env() -> Option<KvDtype> {
+        static D: std::sync::OnceLock<Option<KvDtype>> = std::sync::OnceLock::new();
+        *D.get_or_init(|| match std::env::var("COLIBRI_KV").as_deref() {
+            Ok("f32") | Ok("F32") => Some(KvDtype::F32),
+            Ok("f16") | Ok("F16") => Some(KvDtype::F16),
+            _ => None,
+        })
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+        }
+    }
+
+    fn code(self) -> u32 {
+        match self {
+            KvDtype::F32 => 0,
+            KvDtype::F16 => 1,
+        }
+    }
+
+    fn from_code(c: u32) -> Option<KvDtype> {
+        match c {
+            0 => Some(KvDtype::F32),
+            1 => Some(KvDtype::F16),
+            _ => None,
+        }
+    }
+}
+
+/// Stored keys or values of one layer, `len × width`, row-major by position.
+#[derive(Clone, Debug)]
+pub enum KvBuf {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl Default for KvBuf {
+    fn default() -> Self {
+        KvBuf::F32(Vec::new())
+    }
+}
+
+/// f32 → f16 without infinities: a value past f16's range is stored as ±65504.
+#[inline]
+fn to_f16(x: f32) -> f16 {
+    f16::from_f32(x.clamp(-65504.0, 65504.0))
+}
+
+impl KvBuf {
+    pub fn new(dtype: KvDtype) -> KvBuf {
+        match dtype {
+            KvDtype::F32 => KvBuf::F32(Vec::new()),
+            KvDtype::F16 => KvBuf::F16(Vec::new()),
+        }
+    }
+
+    pub fn dtype(&self) -> KvDtype {
+        match self {
+            KvBuf::F32(_) => KvDtype::F32,
+            KvBuf::F16(_) => KvDtype::F16,
+        }
+    }
+
+    /// Elements held.
+    pub fn len(&self) -> usize {
+        match self {
+            KvBuf::F32(v) => v.len(),
+            KvBuf::F16(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn size_bytes(&self) -> usize {
+        self.len() * self.dtype().size()
+    }
+
+    pub fn truncate(&mut self, n: usize) {
+        match self {
+            KvBuf::F32(v) => v.truncate(n),
+            KvBuf::F16(v) => v.truncate(n),
+        }
+    }
+
+    /// Appends f32 values, converted to the stored type.
+    pub fn extend_from_f32(&mut self, x: &[f32]) {
+        match self {
+            KvBuf::F32(v) => v.extend_from_slice(x),
+            KvBuf::F16(v) => v.extend(x.iter().map(|&a| to_f16(a))),
+        }
+    }
+
+    /// Elements `start..start + len`.
+    #[inline]
+    pub fn row(&self, start: usize, len: usize) -> KvRow<'_> {
+        match self {
+            KvBuf::F32(v) => KvRow::F32(&v[start..start + len]),
+            KvBuf::F16(v) => KvRow::F16(&v[start..start + len]),
+        }
+    }
+
+    /// Every element as f32 (tests, comparisons).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.len()];
+        self.row(0, self.len()).to_f32(&mut out);
+        out
+    }
+}
+
+/// A stretch of stored keys or values, read by attention.
+#[derive(Clone, Copy, Debug)]
+pub enum KvRow<'a> {
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+}
+
+impl KvRow<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            KvRow::F32(v) => v.len(),
+            KvRow::F16(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `dot(q, row)`.
+    #[inline]
+    pub fn dot(self, q: &[f32]) -> f32 {
+        match self {
+            KvRow::F32(v) => crate::kernels::dot_f32(q, v),
+            KvRow::F16(v) => ops::dot_f16(q, v),
+        }
+    }
+
+    /// `o += w · row`.
+    #[inline]
+    pub fn axpy_to(self, o: &mut [f32], w: f32) {
+        match self {
+            KvRow::F32(v) => crate::arch::blocks::axpy(o, w, v),
+            KvRow::F16(v) => ops::axpy_f16(o, w, v),
+        }
+    }
+
+    /// The row as f32 into `out` (same length).
+    #[inline]
+    pub fn to_f32(self, out: &mut [f32]) {
+        match self {
+            KvRow::F32(v) => out.copy_from_slice(v),
+            KvRow::F16(v) => ops::f16_to_f32(v, out),
+        }
+    }
+}
+
+/// The f16 row kernels: AVX2+FMA+F16C where the kernels run at that level, scalar otherwise.
+pub mod ops {
+    use half::f16;
+
+    #[inline]
+    fn avx2() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            crate::kernels::level() == crate::kernels::Level::Avx2
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
+    /// `dot(q, k)` with `k` in f16.
+    #[inline]
+    pub fn dot_f16(q: &[f32], k: &[f16]) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if avx2() {
+            // SAFETY: level Avx2 is chosen only when avx2, fma and f16c are detected.
+            return unsafe { x86::dot_f16(q, k) };
+        }
+        dot_f16_scalar(q, k)
+    }
+
+    /// `o += w · v` with `v` in f16.
+    #[inline]
+    pub fn axpy_f16(o: &mut [f32], w: f32, v: &[f16]) {
+        #[cfg(target_arch = "x86_64")]
+        if avx2() {
+            // SAFETY: as in `dot_f16`.
+            return unsafe { x86::axpy_f16(o, w, v) };
+        }
+        axpy_f16_scalar(o, w, v)
+    }
+
+    pub fn f16_to_f32(v: &[f16], out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if avx2() {
+            // SAFETY: as in `dot_f16`.
+            return unsafe { x86::f16_to_f32(v, out) };
+        }
+        for (o, x) in out.iter_mut().zip(v) {
+            *o = x.to_f32();
+        }
+    }
+
+    /// The reference the SIMD paths are tested against.
+    pub fn dot_f16_scalar(q: &[f32], k: &[f16]) -> f32 {
+        q.iter().zip(k).map(|(a, b)| a * b.to_f32()).sum()
+    }
+
+    pub fn axpy_f16_scalar(o: &mut [f32], w: f32, v: &[f16]) {
+        for (a, b) in o.iter_mut().zip(v) {
+            *a += w * b.to_f32();
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod x86 {
+        use half::f16;
+        use std::arch::x86_64::*;
+
+        #[inline(always)]
+        unsafe fn load8(p: *const f16) -> __m256 {
+            _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn dot_f16(q: &[f32], k: &[f16]) -> f32 {
+            let n = q.len().min(k.len());
+            let (pq, pk) = (q.as_ptr(), k.as_ptr());
+            let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut i = 0;
+            while i + 16 <= n {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(pq.add(i)), load8(pk.add(i)), a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(pq.add(i + 8)), load8(pk.add(i + 8)), a1);
+                i += 16;
+            }
+            if i + 8 <= n {
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(pq.add(i)), load8(pk.add(i)), a0);
+                i += 8;
+            }
+            let v = _mm256_add_ps(a0, a1);
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+            let mut s = _mm_cvtss_f32(s);
+            while i < n {
+                s += q[i] * k[i].to_f32();
+                i += 1;
+            }
+            s
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn axpy_f16(o: &mut [f32], w: f32, v: &[f16]) {
+            let n = o.len().min(v.len());
+            let (po, pv) = (o.as_mut_ptr(), v.as_ptr());
+            let wv = _mm256_set1_ps(w);
+            let mut i = 0;
+            while i + 8 <= n {
+                let x = _mm256_fmadd_ps(wv, load8(pv.add(i)), _mm256_loadu_ps(po.add(i)));
+                _mm256_storeu_ps(po.add(i), x);
+                i += 8;
+            }
+            while i < n {
+                o[i] += w * v[i].to_f32();
+                i += 1;
+            }
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn f16_to_f32(v: &[f16], out: &mut [f32]) {
+            let n = out.len().min(v.len());
+            let mut i = 0;
+            while i + 8 <= n {
+                _mm256_storeu_ps(out.as_mut_ptr().add(i), load8(v.as_ptr().add(i)));
+                i += 8;
+            }
+            while i < n {
+                out[i] = v[i].to_f32();
+                i += 1;
+            }
+        }
+    }
+}
 
 /// Keys and values of one attention layer, `len × width` each, row-major by position.
 #[derive(Clone, Debug, Default)]
 pub struct LayerKv {
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
+    pub k: KvBuf,
+    pub v: KvBuf,
     /// Floats per position in `k` (kv heads × key head dim).
     pub k_width: usize,
     /// Floats per position in `v` (kv heads × value head dim).
     pub v_width: usize,
-    /// Per-position side data some attention kinds keep (the DSA indexer's keys),
+    /// Per-position side data some attention kinds keep (the DSA indexer's keys, f32 always),
     /// `len × extra_width`; empty for plain attention.
     pub extra: Vec<f32>,
     pub extra_width: usize,
@@ -26,13 +343,18 @@ pub struct KvCache {
 }
 
 impl KvCache {
+    /// A cache with f32 keys and values (see [`with_dtype`](Self::with_dtype)).
     pub fn new(widths: &[(usize, usize)], capacity: usize) -> KvCache {
+        Self::with_dtype(widths, capacity, KvDtype::F32)
+    }
+
+    pub fn with_dtype(widths: &[(usize, usize)], capacity: usize, dtype: KvDtype) -> KvCache {
         KvCache {
             layers: widths
                 .iter()
                 .map(|&(k_width, v_width)| LayerKv {
-                    k: Vec::new(),
-                    v: Vec::new(),
+                    k: KvBuf::new(dtype),
+                    v: KvBuf::new(dtype),
                     k_width,
                     v_width,
                     extra: Vec::new(),
@@ -70,7 +392,9 @@ impl KvCache {
     pub fn bytes_per_position(&self) -> usize {
         self.layers
             .iter()
-            .map(|l| (l.k_width + l.v_width + l.extra_width) * 4)
+            .map(|l| {
+                l.k_width * l.k.dtype().size() + l.v_width * l.v.dtype().size() + l.extra_width * 4
+            })
             .sum()
     }
 
@@ -78,15 +402,17 @@ impl KvCache {
     pub fn size_bytes(&self) -> usize {
         self.layers
             .iter()
-            .map(|l| (l.k.len() + l.v.len() + l.extra.len()) * 4)
+            .map(|l| l.k.size_bytes() + l.v.size_bytes() + l.extra.len() * 4)
             .sum()
     }
 }
 
 /// Leading bytes of a serialized [`KvCache`].
 const KV_MAGIC: &[u8; 8] = b"COLIKV\0\0";
-/// Bumped whenever the byte layout below changes; older snapshots are then refused.
-const KV_FORMAT_VERSION: u32 = 2;
+/// Bumped whenever the byte layout below changes. Version 3 added the per-layer dtype (f16
+/// caches); version 2 snapshots (f32, no dtype) are still read.
+const KV_FORMAT_VERSION: u32 = 3;
+const KV_OLDEST_READ: u32 = 2;
 
 impl KvCache {
     /// Serializes the cache (see [`write_to`](Self::write_to) for the layout).
@@ -99,13 +425,13 @@ impl KvCache {
 
     /// Bytes [`to_bytes`](Self::to_bytes) produces.
     pub fn serialized_len(&self) -> usize {
-        8 + 4 + 4 + 8 + 8 + self.layers.len() * 12 + self.size_bytes()
+        8 + 4 + 4 + 8 + 8 + self.layers.len() * 16 + self.len * self.bytes_per_position()
     }
 
     /// Writes the cache as: magic `COLIKV\0\0`, u32 format version, u32 layer count,
-    /// u64 positions, u64 capacity, per layer (u32 k_width, u32 v_width, u32 extra_width),
-    /// then per layer its `len × k_width` key floats, `len × v_width` value floats and
-    /// `len × extra_width` side floats. All little-endian.
+    /// u64 positions, u64 capacity, per layer (u32 k_width, u32 v_width, u32 extra_width,
+    /// u32 dtype: 0 f32, 1 f16), then per layer its `len × k_width` keys and `len × v_width`
+    /// values in that dtype and `len × extra_width` side floats (f32). All little-endian.
     /// Only the first `len` positions are written, so a cache always round-trips exactly.
     pub fn write_to(&self, w: &mut impl std::io::Write) -> std::io::Result<()> {
         w.write_all(KV_MAGIC)?;
@@ -117,29 +443,34 @@ impl KvCache {
             w.write_all(&(l.k_width as u32).to_le_bytes())?;
             w.write_all(&(l.v_width as u32).to_le_bytes())?;
             w.write_all(&(l.extra_width as u32).to_le_bytes())?;
+            // One dtype per layer: keys and values are always created alike.
+            w.write_all(&l.k.dtype().code().to_le_bytes())?;
         }
         let mut buf = Vec::with_capacity(1 << 16);
         for l in &self.layers {
-            for part in [
-                &l.k[..self.len * l.k_width],
-                &l.v[..self.len * l.v_width],
-                &l.extra[..self.len * l.extra_width],
-            ] {
-                for chunk in part.chunks(1 << 14) {
-                    buf.clear();
-                    for x in chunk {
-                        buf.extend_from_slice(&x.to_le_bytes());
+            for (part, n) in [(&l.k, self.len * l.k_width), (&l.v, self.len * l.v_width)] {
+                match part {
+                    KvBuf::F32(v) => write_f32s(w, &v[..n], &mut buf)?,
+                    KvBuf::F16(v) => {
+                        for chunk in v[..n].chunks(1 << 14) {
+                            buf.clear();
+                            for x in chunk {
+                                buf.extend_from_slice(&x.to_le_bytes());
+                            }
+                            w.write_all(&buf)?;
+                        }
                     }
-                    w.write_all(&buf)?;
                 }
             }
+            write_f32s(w, &l.extra[..self.len * l.extra_width], &mut buf)?;
         }
         Ok(())
     }
 
-    /// Parses bytes written by [`write_to`](Self::write_to). Every length is checked against
-    /// the bytes actually present before anything is allocated, so a truncated or hostile
-    /// input is an error, never a panic or an oversized allocation.
+    /// Parses bytes written by [`write_to`](Self::write_to) (or by version 2, all f32).
+    /// Every length is checked against the bytes actually present before anything is
+    /// allocated, so a truncated or hostile input is an error, never a panic or an
+    /// oversized allocation.
     pub fn from_bytes(bytes: &[u8]) -> crate::Result<KvCache> {
         let bad = |msg: String| crate::Error::CorruptFile {
             file: std::path::PathBuf::from("<KV cache snapshot>"),
@@ -153,9 +484,9 @@ impl KvCache {
             return Err(bad("not a colibri KV cache (bad magic)".into()));
         }
         let version = r.u32().ok_or_else(|| bad("truncated header".into()))?;
-        if version != KV_FORMAT_VERSION {
+        if !(KV_OLDEST_READ..=KV_FORMAT_VERSION).contains(&version) {
             return Err(bad(format!(
-                "format version {version}, this build reads version {KV_FORMAT_VERSION}"
+                "format version {version}, this build reads versions {KV_OLDEST_READ} to {KV_FORMAT_VERSION}"
             )));
         }
         let n_layers = r.u32().ok_or_else(|| bad("truncated header".into()))? as usize;
@@ -169,27 +500,33 @@ impl KvCache {
         let len = usize::try_from(len).map_err(|_| bad("length does not fit in memory".into()))?;
         let capacity =
             usize::try_from(capacity).map_err(|_| bad("capacity does not fit in memory".into()))?;
-        if n_layers > (bytes.len() - r.pos) / 12 {
+        let entry = if version >= 3 { 16 } else { 12 };
+        if n_layers > (bytes.len() - r.pos) / entry {
             return Err(bad(format!(
                 "{n_layers} layers do not fit in {} bytes",
                 bytes.len()
             )));
         }
         let mut widths = Vec::with_capacity(n_layers);
-        let mut floats: usize = 0;
+        let mut expected: usize = 0;
         for _ in 0..n_layers {
             let k = r.u32().ok_or_else(|| bad("truncated layer table".into()))? as usize;
             let v = r.u32().ok_or_else(|| bad("truncated layer table".into()))? as usize;
             let x = r.u32().ok_or_else(|| bad("truncated layer table".into()))? as usize;
-            floats = (k + v + x)
-                .checked_mul(len)
-                .and_then(|n| n.checked_add(floats))
+            let dtype = if version >= 3 {
+                let c = r.u32().ok_or_else(|| bad("truncated layer table".into()))?;
+                KvDtype::from_code(c).ok_or_else(|| bad(format!("unknown KV dtype code {c}")))?
+            } else {
+                KvDtype::F32
+            };
+            expected = (k + v)
+                .checked_mul(dtype.size())
+                .and_then(|b| b.checked_add(x.checked_mul(4)?))
+                .and_then(|b| b.checked_mul(len))
+                .and_then(|b| b.checked_add(expected))
                 .ok_or_else(|| bad("sizes overflow".into()))?;
-            widths.push((k, v, x));
+            widths.push((k, v, x, dtype));
         }
-        let expected = floats
-            .checked_mul(4)
-            .ok_or_else(|| bad("sizes overflow".into()))?;
         let rest = bytes.len() - r.pos;
         if rest != expected {
             return Err(bad(format!(
@@ -197,9 +534,9 @@ impl KvCache {
             )));
         }
         let mut layers = Vec::with_capacity(n_layers);
-        for &(k_width, v_width, extra_width) in &widths {
-            let k = r.f32s(len * k_width);
-            let v = r.f32s(len * v_width);
+        for &(k_width, v_width, extra_width, dtype) in &widths {
+            let k = r.buf(dtype, len * k_width);
+            let v = r.buf(dtype, len * v_width);
             let extra = r.f32s(len * extra_width);
             layers.push(LayerKv {
                 k,
@@ -218,7 +555,8 @@ impl KvCache {
     }
 
     /// Whether `self` has the shape of `expected` (a fresh cache from the model that is to
-    /// continue it): same layers, same widths, same capacity.
+    /// continue it): same layers, same widths, same capacity. The dtypes may differ: a
+    /// cache continues in the dtype it was saved in (attention reads either).
     pub fn same_layout(&self, expected: &KvCache) -> bool {
         self.capacity == expected.capacity
             && self.layers.len() == expected.layers.len()
@@ -226,6 +564,17 @@ impl KvCache {
                 a.k_width == b.k_width && a.v_width == b.v_width && a.extra_width == b.extra_width
             })
     }
+}
+
+fn write_f32s(w: &mut impl std::io::Write, v: &[f32], buf: &mut Vec<u8>) -> std::io::Result<()> {
+    for chunk in v.chunks(1 << 14) {
+        buf.clear();
+        for x in chunk {
+            buf.extend_from_slice(&x.to_le_bytes());
+        }
+        w.write_all(buf)?;
+    }
+    Ok(())
 }
 
 struct ByteReader<'a> {
@@ -253,47 +602,106 @@ impl ByteReader<'_> {
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect()
     }
+    /// `n` elements of `dtype`; the caller has checked that they are present.
+    fn buf(&mut self, dtype: KvDtype, n: usize) -> KvBuf {
+        match dtype {
+            KvDtype::F32 => KvBuf::F32(self.f32s(n)),
+            KvDtype::F16 => {
+                let raw = self.take(n * 2).unwrap_or_default();
+                KvBuf::F16(
+                    raw.chunks_exact(2)
+                        .map(|b| f16::from_le_bytes([b[0], b[1]]))
+                        .collect(),
+                )
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn sample() -> KvCache {
-        let mut c = KvCache::new(&[(4, 2), (3, 3)], 16);
+    fn sample(dtype: KvDtype) -> KvCache {
+        let mut c = KvCache::with_dtype(&[(4, 2), (3, 3)], 16, dtype);
         c.len = 5;
         for (i, l) in c.layers.iter_mut().enumerate() {
-            l.k = (0..5 * l.k_width)
+            let k: Vec<f32> = (0..5 * l.k_width)
                 .map(|x| x as f32 * 0.5 + i as f32)
                 .collect();
-            l.v = (0..5 * l.v_width).map(|x| -(x as f32) - 0.25).collect();
+            let v: Vec<f32> = (0..5 * l.v_width).map(|x| -(x as f32) - 0.25).collect();
+            l.k.extend_from_f32(&k);
+            l.v.extend_from_f32(&v);
         }
+        c.layers[1].extra_width = 2;
+        c.layers[1].extra = (0..10).map(|x| x as f32 / 3.0).collect();
         c
     }
 
     #[test]
     fn kv_bytes_round_trip_exactly() {
-        let c = sample();
-        let b = c.to_bytes();
-        assert_eq!(b.len(), c.serialized_len());
-        let d = KvCache::from_bytes(&b).unwrap();
-        assert_eq!(d.len, 5);
-        assert_eq!(d.capacity, 16);
-        assert!(d.same_layout(&c));
-        for (a, b) in c.layers.iter().zip(&d.layers) {
-            assert_eq!(a.k, b.k);
-            assert_eq!(a.v, b.v);
+        for dtype in [KvDtype::F32, KvDtype::F16] {
+            let c = sample(dtype);
+            let b = c.to_bytes();
+            assert_eq!(b.len(), c.serialized_len());
+            let d = KvCache::from_bytes(&b).unwrap();
+            assert_eq!(d.len, 5);
+            assert_eq!(d.capacity, 16);
+            assert!(d.same_layout(&c));
+            for (a, b) in c.layers.iter().zip(&d.layers) {
+                assert_eq!(b.k.dtype(), dtype);
+                assert_eq!(a.k.to_f32_vec(), b.k.to_f32_vec());
+                assert_eq!(a.v.to_f32_vec(), b.v.to_f32_vec());
+                assert_eq!(a.extra, b.extra);
+            }
         }
+        // f16 halves the key and value bytes.
+        assert_eq!(
+            sample(KvDtype::F16).size_bytes() - 40,
+            (sample(KvDtype::F32).size_bytes() - 40) / 2
+        );
+    }
+
+    /// A version-2 snapshot (f32, no dtype in the layer table) still reads, as f32.
+    #[test]
+    fn kv_version_2_snapshots_still_read() {
+        let c = sample(KvDtype::F32);
+        let mut v2 = Vec::new();
+        v2.extend_from_slice(KV_MAGIC);
+        v2.extend_from_slice(&2u32.to_le_bytes());
+        v2.extend_from_slice(&2u32.to_le_bytes());
+        v2.extend_from_slice(&5u64.to_le_bytes());
+        v2.extend_from_slice(&16u64.to_le_bytes());
+        for l in &c.layers {
+            for w in [l.k_width, l.v_width, l.extra_width] {
+                v2.extend_from_slice(&(w as u32).to_le_bytes());
+            }
+        }
+        for l in &c.layers {
+            for x in
+                l.k.to_f32_vec()
+                    .iter()
+                    .chain(&l.v.to_f32_vec())
+                    .chain(&l.extra)
+            {
+                v2.extend_from_slice(&x.to_le_bytes());
+            }
+        }
+        let d = KvCache::from_bytes(&v2).unwrap();
+        assert!(d.same_layout(&c));
+        assert_eq!(d.layers[1].k.dtype(), KvDtype::F32);
+        assert_eq!(d.layers[1].v.to_f32_vec(), c.layers[1].v.to_f32_vec());
+        assert_eq!(d.layers[1].extra, c.layers[1].extra);
     }
 
     #[test]
     fn kv_bytes_damage_is_an_error() {
-        let b = sample().to_bytes();
+        let b = sample(KvDtype::F16).to_bytes();
         // Every truncation is refused.
         for n in [0, 7, 8, 20, 40, b.len() - 1] {
             assert!(KvCache::from_bytes(&b[..n]).is_err(), "truncated to {n}");
         }
-        // A trailing byte, a bad magic, a future version, a huge length.
+        // A trailing byte, a bad magic, a future version, a huge length, a bad dtype.
         let mut longer = b.clone();
         longer.push(0);
         assert!(KvCache::from_bytes(&longer).is_err());
@@ -307,8 +715,46 @@ mod tests {
         huge[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
         huge[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(KvCache::from_bytes(&huge).is_err());
+        let mut dt = b.clone();
+        dt[44..48].copy_from_slice(&7u32.to_le_bytes());
+        assert!(KvCache::from_bytes(&dt).is_err());
         let mut layers = b;
         layers[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(KvCache::from_bytes(&layers).is_err());
+    }
+
+    #[test]
+    fn f16_rows_match_the_scalar_reference() {
+        let mut s = 0x1234_5678_9abc_def1u64;
+        let mut rnd = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        };
+        for n in [1, 7, 8, 15, 16, 17, 64, 100, 128, 576] {
+            let q: Vec<f32> = (0..n).map(|_| rnd()).collect();
+            let k: Vec<f16> = (0..n).map(|_| f16::from_f32(rnd() * 3.0)).collect();
+            let got = KvRow::F16(&k).dot(&q);
+            let want = ops::dot_f16_scalar(&q, &k);
+            assert!(
+                (got - want).abs() <= 1e-5 * n as f32,
+                "dot {n}: {got} vs {want}"
+            );
+            let mut o1: Vec<f32> = (0..n).map(|_| rnd()).collect();
+            let mut o2 = o1.clone();
+            KvRow::F16(&k).axpy_to(&mut o1, 0.37);
+            ops::axpy_f16_scalar(&mut o2, 0.37, &k);
+            for (a, b) in o1.iter().zip(&o2) {
+                assert!((a - b).abs() <= 1e-6, "axpy {n}");
+            }
+            let mut f = vec![0f32; n];
+            KvRow::F16(&k).to_f32(&mut f);
+            assert!(f.iter().zip(&k).all(|(a, b)| *a == b.to_f32()));
+        }
+        // Out of range values are clamped, never infinite.
+        let mut b = KvBuf::new(KvDtype::F16);
+        b.extend_from_f32(&[1e6, -1e6, 1.5]);
+        assert_eq!(b.to_f32_vec(), vec![65504.0, -65504.0, 1.5]);
     }
 }

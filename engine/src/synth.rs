@@ -14,6 +14,9 @@ use crate::tensor::{ScaleType, WeightFormat};
 use serde_json::json;
 use std::path::PathBuf;
 
+mod hf;
+pub use hf::tokenizer_json;
+
 /// Architectures `--like` knows, with their published configuration.
 pub fn known_models() -> Vec<&'static str> {
     vec!["olmoe-1b-7b", "qwen3-30b-a3b", "mixtral-8x7b"]
@@ -59,15 +62,99 @@ fn config_for(like: &str) -> Result<serde_json::Value> {
     })
 }
 
+/// What `coli synth` writes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SynthFormat {
+    /// A colibri container in `experts` / `dense` formats, routed experts laid out for
+    /// streaming.
+    #[default]
+    Container,
+    /// A Hub checkpoint: every matrix bf16, sharded safetensors, tokenizer files
+    /// (`experts` / `dense` are not used). What another engine's converter reads.
+    Hf,
+}
+
 #[derive(Clone, Debug)]
 pub struct SynthOptions {
     pub like: String,
     pub output: PathBuf,
+    pub format: SynthFormat,
     pub experts: WeightFormat,
     pub dense: WeightFormat,
     /// Override the number of layers (smaller models for quick checks).
     pub layers: Option<usize>,
     pub seed: u64,
+    /// The expert topology of a routing trace instead of `like`'s (`coli synth
+    /// --like-trace`): [`config_for_topology`].
+    pub topology: Option<Topology>,
+}
+
+/// Layers × experts, top-k and the size of one expert: what a routing trace needs of a model
+/// to be replayed on it (`coli trace --replay-routing`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Topology {
+    pub layers: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    /// Bytes of one routed expert in the traced model (the synth model's experts are sized
+    /// to about this many bytes in their own format).
+    pub expert_bytes: u64,
+}
+
+impl Topology {
+    pub fn of_trace(t: &crate::experts::Trace) -> Topology {
+        Topology {
+            layers: t.n_layers,
+            experts: t.n_experts,
+            top_k: t.top_k,
+            expert_bytes: t.expert_bytes,
+        }
+    }
+}
+
+/// A configuration with `t`'s expert topology: a known architecture with the same layers ×
+/// experts (Qwen3-30B-A3B for its own trace) with the trace's top-k, else Qwen3-MoE's
+/// layout with the trace's layers, experts and top-k and each expert's intermediate size
+/// chosen so that one expert in `experts` format is about the trace's `expert_bytes`.
+/// Returns the configuration and the known architecture it was based on, if any.
+pub fn config_for_topology(
+    t: &Topology,
+    experts: WeightFormat,
+) -> Result<(serde_json::Value, Option<&'static str>)> {
+    if t.layers == 0 || t.experts == 0 || t.top_k == 0 || t.top_k > t.experts {
+        return Err(Error::invalid(
+            "like-trace",
+            format!(
+                "{} layers x {} experts, top-{} is no MoE model",
+                t.layers, t.experts, t.top_k
+            ),
+        ));
+    }
+    for like in known_models() {
+        let mut cfg = config_for(like)?;
+        let e = cfg["num_experts"]
+            .as_u64()
+            .or(cfg["num_local_experts"].as_u64());
+        if cfg["num_hidden_layers"].as_u64() == Some(t.layers as u64) && e == Some(t.experts as u64)
+        {
+            cfg["num_experts_per_tok"] = json!(t.top_k);
+            return Ok((cfg, Some(like)));
+        }
+    }
+    let mut cfg = config_for("qwen3-30b-a3b")?;
+    let hidden = cfg["hidden_size"].as_u64().unwrap_or(2048) as usize;
+    // Bytes per parameter of the expert format, scales included.
+    let per_param = (experts.row_bytes(hidden)
+        + experts.groups_per_row(hidden) * experts.scale_type().map_or(0, |s| s.size()))
+        as f64
+        / hidden as f64;
+    let inter =
+        (t.expert_bytes as f64 / (3.0 * hidden as f64 * per_param) / 128.0).round() as usize * 128;
+    cfg["num_hidden_layers"] = json!(t.layers);
+    cfg["num_experts"] = json!(t.experts);
+    cfg["num_experts_per_tok"] = json!(t.top_k);
+    cfg["moe_intermediate_size"] = json!(inter.max(128));
+    Ok((cfg, None))
 }
 
 #[derive(Clone, Copy)]
@@ -272,9 +359,59 @@ fn is_branch_output(name: &str) -> bool {
         .any(|s| name.ends_with(s))
 }
 
+/// The random weight `name` of a synth model: its values (see the scales above) and its
+/// format, `experts` for routed experts, `dense` for the other matrices, bf16 for vectors,
+/// routers and the attention's q/k norms. The values depend only on the name and the seed.
+pub(crate) fn random_item(
+    name: String,
+    shape: Vec<usize>,
+    seed: u64,
+    experts: WeightFormat,
+    dense: WeightFormat,
+    hidden: f32,
+) -> Item<'static> {
+    let seed = crate::convert::fnv64(name.as_bytes()) ^ seed;
+    let is_expert = crate::container::is_routed_expert(&name).is_some();
+    let (format, kind) = if name.ends_with("_norm.weight") && name.contains(".self_attn.") {
+        (WeightFormat::BF16, Kind::Const(QK_GAIN))
+    } else if shape.len() == 1 {
+        (WeightFormat::BF16, Kind::Ones)
+    } else if name.ends_with(".gate.weight") {
+        // Router: logits of standard deviation ~1.5 on unit-RMS inputs.
+        (WeightFormat::BF16, Kind::Random(1.5 / hidden.sqrt()))
+    } else if name == "model.embed_tokens.weight" {
+        (dense, Kind::Random(EMBED_STD))
+    } else if is_expert {
+        let std = if is_branch_output(&name) {
+            0.02 * BRANCH_SCALE
+        } else {
+            0.02
+        };
+        (experts, Kind::Random(std))
+    } else {
+        let std = if is_branch_output(&name) {
+            0.02 * BRANCH_SCALE
+        } else if name.ends_with(".q_proj.weight") || name.ends_with(".k_proj.weight") {
+            0.02 * QK_GAIN
+        } else {
+            0.02
+        };
+        (dense, Kind::Random(std))
+    };
+    Item {
+        name,
+        shape,
+        format,
+        source: Box::new(RandomSource { seed, kind }),
+    }
+}
+
 /// Writes the synthetic model; returns its size in bytes.
 pub fn synth(opts: &SynthOptions, progress: &dyn Progress) -> Result<u64> {
-    let mut cfg = config_for(&opts.like)?;
+    let mut cfg = match &opts.topology {
+        Some(t) => config_for_topology(t, opts.experts)?.0,
+        None => config_for(&opts.like)?,
+    };
     if let Some(n) = opts.layers {
         if n == 0 {
             return Err(Error::invalid("layers", "must be at least 1"));
@@ -282,44 +419,22 @@ pub fn synth(opts: &SynthOptions, progress: &dyn Progress) -> Result<u64> {
         cfg["num_hidden_layers"] = json!(n);
     }
     std::fs::create_dir_all(&opts.output).map_err(|e| Error::io(&opts.output, e))?;
+    if opts.format == SynthFormat::Hf {
+        return hf::write(&cfg, &opts.output, opts.seed, progress);
+    }
     let hidden = cfg["hidden_size"].as_u64().unwrap_or(1) as f32;
     let mut dense: Vec<Item> = Vec::new();
     let mut experts: std::collections::BTreeMap<usize, Vec<Item>> = Default::default();
     for (name, shape) in tensors(&cfg)? {
-        let seed = crate::convert::fnv64(name.as_bytes()) ^ opts.seed;
         let is_expert = crate::container::is_routed_expert(&name).is_some();
-        let (format, kind) = if name.ends_with("_norm.weight") && name.contains(".self_attn.") {
-            (WeightFormat::BF16, Kind::Const(QK_GAIN))
-        } else if shape.len() == 1 {
-            (WeightFormat::BF16, Kind::Ones)
-        } else if name.ends_with(".gate.weight") {
-            // Router: logits of standard deviation ~1.5 on unit-RMS inputs.
-            (WeightFormat::BF16, Kind::Random(1.5 / hidden.sqrt()))
-        } else if name == "model.embed_tokens.weight" {
-            (opts.dense, Kind::Random(EMBED_STD))
-        } else if is_expert {
-            let std = if is_branch_output(&name) {
-                0.02 * BRANCH_SCALE
-            } else {
-                0.02
-            };
-            (opts.experts, Kind::Random(std))
-        } else {
-            let std = if is_branch_output(&name) {
-                0.02 * BRANCH_SCALE
-            } else if name.ends_with(".q_proj.weight") || name.ends_with(".k_proj.weight") {
-                0.02 * QK_GAIN
-            } else {
-                0.02
-            };
-            (opts.dense, Kind::Random(std))
-        };
-        let item = Item {
-            name: name.clone(),
+        let item = random_item(
+            name.clone(),
             shape,
-            format,
-            source: Box::new(RandomSource { seed, kind }),
-        };
+            opts.seed,
+            opts.experts,
+            opts.dense,
+            hidden,
+        );
         match (
             is_expert,
             name.split(".layers.")
@@ -367,4 +482,54 @@ pub fn synth(opts: &SynthOptions, progress: &dyn Progress) -> Result<u64> {
         &serde_json::to_vec_pretty(&cfg).expect("json"),
     )?;
     Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_traces_topology_picks_a_known_shape_or_sizes_its_experts() {
+        let int4 = WeightFormat::I4 {
+            group: 64,
+            scale: ScaleType::F16,
+        };
+        // Qwen3-30B-A3B's own trace (run with 6 experts per token): its architecture.
+        let qwen = Topology {
+            layers: 48,
+            experts: 128,
+            top_k: 6,
+            expert_bytes: 3_059_712,
+        };
+        let (cfg, base) = config_for_topology(&qwen, int4).unwrap();
+        assert_eq!(base, Some("qwen3-30b-a3b"));
+        assert_eq!(cfg["num_experts_per_tok"], 6);
+        assert_eq!(cfg["moe_intermediate_size"], 768);
+        // granite's shape is no known one: Qwen3's layout, experts sized to ~3 MiB.
+        let granite = Topology {
+            layers: 24,
+            experts: 32,
+            top_k: 8,
+            expert_bytes: 3 << 20,
+        };
+        let (cfg, base) = config_for_topology(&granite, int4).unwrap();
+        assert_eq!(base, None);
+        assert_eq!(
+            (
+                cfg["num_hidden_layers"].as_u64(),
+                cfg["num_experts"].as_u64()
+            ),
+            (Some(24), Some(32))
+        );
+        assert_eq!(cfg["num_experts_per_tok"], 8);
+        let inter = cfg["moe_intermediate_size"].as_u64().unwrap() as f64;
+        let bytes = 3.0 * 2048.0 * inter * (0.5 + 2.0 / 64.0);
+        assert!((bytes / (3u64 << 20) as f64 - 1.0).abs() < 0.1, "{inter}");
+        assert!(tensors(&cfg).is_ok());
+        let bad = Topology {
+            top_k: 40,
+            ..granite
+        };
+        assert!(config_for_topology(&bad, int4).is_err());
+    }
 }

@@ -398,13 +398,18 @@ impl Linear {
     pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
         let mut out = vec![0f32; n * self.weight.rows];
         self.weight.matmul(x, n, &mut out);
+        self.add_bias(&mut out);
+        out
+    }
+
+    /// Adds the bias (if any) to every row of `y` (rows of `out_features`).
+    pub fn add_bias(&self, y: &mut [f32]) {
         if let Some(b) = &self.bias {
-            for row in out.chunks_mut(self.weight.rows) {
+            for row in y.chunks_mut(self.weight.rows) {
                 for (o, bv) in row.iter_mut().zip(b) {
                     *o += bv;
                 }
             }
         }
-        out
     }
 }

@@ -191,7 +191,9 @@ fn check_family(dir: &Path, ids: &[u32], label: &str) {
             let room = (s.plan.budget - s.plan.budget / 2) / st.expert_bytes;
             assert!(
                 st.resident_bytes <= room * st.expert_bytes && st.evictions > 0,
-                "{label}, {what}: {st}"
+                "{label}, {what}: room {room}, {} evictions, {} resident bytes: {st}",
+                st.evictions,
+                st.resident_bytes
             );
         }
         drop(m);

@@ -354,7 +354,7 @@ fn mtp_cache_after_speculation_equals_one_pass() {
             (b.k.len(), b.extra.len()),
             "{family}"
         );
-        let d = colibri_tests::max_abs_diff(&a.k, &b.k)
+        let d = colibri_tests::max_abs_diff(&a.k.to_f32_vec(), &b.k.to_f32_vec())
             .max(colibri_tests::max_abs_diff(&a.extra, &b.extra));
         assert!(d < 1e-4, "{family}: MTP cache differs by {d}");
     }
@@ -505,9 +505,14 @@ fn continued_sequence_drafts_with_the_mtp_cache_it_left() {
             model
                 .net
                 .mtp_forward(0, &mut want, &seq[1..m + 1], &hidden[0], LogitsWanted::None);
-            let d = colibri_tests::max_abs_diff(&got.layers[0].k, &want.layers[0].k).max(
-                colibri_tests::max_abs_diff(&got.layers[0].extra, &want.layers[0].extra),
-            );
+            let d = colibri_tests::max_abs_diff(
+                &got.layers[0].k.to_f32_vec(),
+                &want.layers[0].k.to_f32_vec(),
+            )
+            .max(colibri_tests::max_abs_diff(
+                &got.layers[0].extra,
+                &want.layers[0].extra,
+            ));
             assert!(d < 1e-4, "{family}: MTP cache differs by {d}");
         }
     }

@@ -1,8 +1,11 @@
 //! Grouped-query attention with a standard KV cache (OLMoE, Qwen3-MoE, Mixtral, GLM-4.5).
 
-use super::blocks::{axpy, softmax, RmsNorm, Rope};
-use super::BatchRows;
-use crate::kv::KvCache;
+use super::blocks::{axpy, RmsNorm, Rope};
+use super::profile::{self, Phase};
+use super::simd::softmax_fast;
+use super::{exec, BatchRows};
+use crate::kernels::dot_f32;
+use crate::kv::{KvBuf, KvCache};
 use crate::tensor::Linear;
 use rayon::prelude::*;
 
@@ -41,8 +44,9 @@ pub struct GqaAttention {
 }
 
 impl GqaAttention {
-    /// Attention for all rows of the batch at layer `layer`: projects, normalises, rotates,
-    /// appends k/v to each sequence's cache, attends causally, projects out.
+    /// Attention for all rows of the batch at layer `layer`: projects (q, k and v in one
+    /// parallel region over one prepared input), normalises, rotates, appends k/v to each
+    /// sequence's cache, attends causally, projects out.
     pub fn forward(
         &self,
         h: &[f32],
@@ -51,13 +55,29 @@ impl GqaAttention {
         layer: usize,
     ) -> Vec<f32> {
         let n = rows.len();
-        let mut q = self.q_proj.forward(h, n);
-        let mut k = self.k_proj.forward(h, n);
-        let mut v = self.v_proj.forward(h, n);
         let (qw, kw) = (
             self.n_heads * self.head_dim,
             self.n_kv_heads * self.head_dim,
         );
+        let proj = profile::span(Phase::AttnProj);
+        let (mut q, mut k, mut v) = (vec![0f32; n * qw], vec![0f32; n * kw], vec![0f32; n * kw]);
+        exec::products(
+            h,
+            n,
+            &[
+                &self.q_proj.weight,
+                &self.k_proj.weight,
+                &self.v_proj.weight,
+            ],
+            &mut [&mut q, &mut k, &mut v],
+        );
+        for (lin, y) in [
+            (&self.q_proj, &mut q),
+            (&self.k_proj, &mut k),
+            (&self.v_proj, &mut v),
+        ] {
+            lin.add_bias(y);
+        }
         match &self.qk_norm {
             QkNorm::None => {}
             // The norm's width says which: a whole row, or one head at a time.
@@ -72,49 +92,53 @@ impl GqaAttention {
                 *x = x.clamp(-c, c);
             }
         }
+        let half = self.rope.rotary_dim / 2;
+        let (mut cos, mut sin) = (vec![0f32; half], vec![0f32; half]);
         for i in 0..n {
-            let p = rows.pos[i];
+            self.rope.cos_sin_into(rows.pos[i], &mut cos, &mut sin);
             self.rope
-                .apply(&mut q[i * qw..(i + 1) * qw], self.head_dim, p);
+                .rotate(&mut q[i * qw..(i + 1) * qw], self.head_dim, &cos, &sin);
             self.rope
-                .apply(&mut k[i * kw..(i + 1) * kw], self.head_dim, p);
+                .rotate(&mut k[i * kw..(i + 1) * kw], self.head_dim, &cos, &sin);
         }
         // Append this step's keys and values to each sequence's cache.
         for (s, cache) in caches.iter_mut().enumerate() {
             let r = rows.seq_range(s);
             let l = &mut cache.layers[layer];
-            l.k.extend_from_slice(&k[r.start * kw..r.end * kw]);
-            l.v.extend_from_slice(&v[r.start * kw..r.end * kw]);
+            l.k.extend_from_f32(&k[r.start * kw..r.end * kw]);
+            l.v.extend_from_f32(&v[r.start * kw..r.end * kw]);
         }
+        drop(proj);
+        let core = profile::span(Phase::AttnCore);
         let mut out = vec![0f32; n * qw];
         let group = self.n_heads / self.n_kv_heads;
         let hd = self.head_dim;
         let caches: Vec<&KvCache> = caches.iter().map(|c| &**c).collect();
-        out.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
-            let (i, head) = (idx / self.n_heads, idx % self.n_heads);
-            let s = rows.seq[i];
-            let p = rows.pos[i];
-            let kv = &caches[s].layers[layer];
-            let kvh = head / group;
-            let first = match self.sliding_window {
-                Some(w) if p + 1 > w => p + 1 - w,
-                _ => 0,
-            };
-            let qh = &q[i * qw + head * hd..i * qw + (head + 1) * hd];
-            let mut scores: Vec<f32> = (first..=p)
-                .map(|t| {
-                    let kh = &kv.k[t * kw + kvh * hd..t * kw + (kvh + 1) * hd];
-                    crate::kernels::dot_f32(qh, kh) * self.scale
-                })
-                .collect();
-            softmax(&mut scores);
-            o.fill(0.0);
-            for (j, w) in scores.iter().enumerate() {
-                let t = first + j;
-                let vh = &kv.v[t * kw + kvh * hd..t * kw + (kvh + 1) * hd];
-                axpy(o, *w, vh);
-            }
-        });
+        // One task per (row, kv head): its `group` query heads read each cached key and
+        // value once.
+        out.par_chunks_mut(group * hd)
+            .enumerate()
+            .for_each(|(idx, o)| {
+                let (i, kvh) = (idx / self.n_kv_heads, idx % self.n_kv_heads);
+                let p = rows.pos[i];
+                let first = match self.sliding_window {
+                    Some(w) if p + 1 > w => p + 1 - w,
+                    _ => 0,
+                };
+                let kv = &caches[rows.seq[i]].layers[layer];
+                let qs = &q[i * qw + kvh * group * hd..i * qw + (kvh + 1) * group * hd];
+                let heads = HeadGroup {
+                    k: &kv.k,
+                    v: &kv.v,
+                    width: kw,
+                    offset: kvh * hd,
+                    head_dim: hd,
+                    scale: self.scale,
+                };
+                heads.attend(qs, first..p + 1, o);
+            });
+        drop(core);
+        let _out = profile::span(Phase::AttnOut);
         self.o_proj.forward(&out, n)
     }
 
@@ -178,5 +202,57 @@ impl GqaAttention {
             clip_qkv: None,
             scale: 1.0 / (d.head_dim as f32).sqrt(),
         })
+    }
+}
+
+/// The cached keys and values of one kv head: `head_dim` elements at `offset` of every
+/// `width`-element position.
+pub struct HeadGroup<'a> {
+    pub k: &'a KvBuf,
+    pub v: &'a KvBuf,
+    pub width: usize,
+    pub offset: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+}
+
+impl HeadGroup<'_> {
+    /// Causal attention of the query heads `qs` (`g × head_dim`, all sharing this kv head)
+    /// over the cached positions `span`, into `o` (`g × head_dim`). A head's scores, softmax
+    /// and weighted sum do not depend on the other heads of the group.
+    pub fn attend(&self, qs: &[f32], span: std::ops::Range<usize>, o: &mut [f32]) {
+        let hd = self.head_dim;
+        let g = qs.len() / hd;
+        let len = span.len();
+        exec::with_scratch(g * len + hd, |s| {
+            let (scores, row) = s.split_at_mut(g * len);
+            for (j, t) in span.clone().enumerate() {
+                let kr = self.k.row(t * self.width + self.offset, hd);
+                if g == 1 {
+                    scores[j] = kr.dot(qs) * self.scale;
+                } else {
+                    // Converted once, read by every head of the group.
+                    kr.to_f32(row);
+                    for (h, q) in qs.chunks_exact(hd).enumerate() {
+                        scores[h * len + j] = dot_f32(q, row) * self.scale;
+                    }
+                }
+            }
+            for sc in scores.chunks_exact_mut(len) {
+                softmax_fast(sc);
+            }
+            o.fill(0.0);
+            for (j, t) in span.enumerate() {
+                let vr = self.v.row(t * self.width + self.offset, hd);
+                if g == 1 {
+                    vr.axpy_to(o, scores[j]);
+                } else {
+                    vr.to_f32(row);
+                    for (h, oh) in o.chunks_exact_mut(hd).enumerate() {
+                        axpy(oh, scores[h * len + j], row);
+                    }
+                }
+            }
+        });
     }
 }

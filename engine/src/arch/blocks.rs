@@ -4,7 +4,7 @@
 use crate::container::Checkpoint;
 use crate::error::Result;
 use crate::tensor::{Blob, Linear, Matrix};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 /// RMSNorm: `x / sqrt(mean(x²) + eps) * weight`, the sum of squares accumulated in f64 so
 /// the result sits as close to the exact value as torch's reduction does.
@@ -21,7 +21,7 @@ impl RmsNorm {
 
     /// Normalises one vector of `width()` floats in place.
     pub fn apply(&self, x: &mut [f32]) {
-        let ss: f64 = x.iter().map(|v| (*v as f64) * (*v as f64)).sum();
+        let ss = super::simd::sum_squares_f64(x);
         let mean = (ss / x.len() as f64) as f32;
         let r = 1.0 / (mean + self.eps).sqrt();
         for (v, w) in x.iter_mut().zip(&self.weight) {
@@ -53,6 +53,19 @@ pub enum RopeLayout {
     Interleaved,
 }
 
+/// cos and sin per position, filled as positions are reached (`rotary_dim / 2` cos then as
+/// many sin per position, times `attention_scaling`): computed once, shared by every row,
+/// head and step instead of recomputed per layer and row.
+#[derive(Default)]
+pub struct RopeTable(RwLock<Vec<f32>>);
+
+impl std::fmt::Debug for RopeTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0.read().map_or(0, |t| t.len());
+        write!(f, "RopeTable({n} floats)")
+    }
+}
+
 /// Rotary position embedding over the first `rotary_dim` dimensions of each head.
 #[derive(Clone, Debug)]
 pub struct Rope {
@@ -62,6 +75,8 @@ pub struct Rope {
     pub layout: RopeLayout,
     /// Multiplies cos and sin (YaRN's attention factor; 1 otherwise).
     pub attention_scaling: f32,
+    /// Precomputed angles (see [`RopeTable`]); shared by clones.
+    pub table: Arc<RopeTable>,
 }
 
 impl Rope {
@@ -78,6 +93,7 @@ impl Rope {
             rotary_dim,
             layout,
             attention_scaling: 1.0,
+            table: Default::default(),
         }
     }
 
@@ -92,13 +108,43 @@ impl Rope {
     pub fn cos_sin(&self, pos: usize) -> (Vec<f32>, Vec<f32>) {
         let half = self.rotary_dim / 2;
         let (mut cos, mut sin) = (vec![0f32; half], vec![0f32; half]);
-        for i in 0..half {
-            // torch computes the angle as f32(inv_freq * pos).
-            let a = self.inv_freq[i] * pos as f32;
-            cos[i] = a.cos() * self.attention_scaling;
-            sin[i] = a.sin() * self.attention_scaling;
-        }
+        self.cos_sin_into(pos, &mut cos, &mut sin);
         (cos, sin)
+    }
+
+    /// [`cos_sin`](Self::cos_sin) into caller buffers of `rotary_dim / 2` floats, from the
+    /// table (extended to twice its size when `pos` is past its end).
+    pub fn cos_sin_into(&self, pos: usize, cos: &mut [f32], sin: &mut [f32]) {
+        let half = self.rotary_dim / 2;
+        if half == 0 {
+            return;
+        }
+        {
+            let t = self.table.0.read().unwrap_or_else(|e| e.into_inner());
+            if (pos + 1) * 2 * half <= t.len() {
+                let row = &t[pos * 2 * half..(pos + 1) * 2 * half];
+                cos.copy_from_slice(&row[..half]);
+                sin.copy_from_slice(&row[half..]);
+                return;
+            }
+        }
+        let mut t = self.table.0.write().unwrap_or_else(|e| e.into_inner());
+        let have = t.len() / (2 * half);
+        let want = (pos + 1).max(2 * have).max(64);
+        for p in have..want {
+            for i in 0..half {
+                // torch computes the angle as f32(inv_freq * pos).
+                let a = self.inv_freq[i] * p as f32;
+                t.push(a.cos() * self.attention_scaling);
+            }
+            for i in 0..half {
+                let a = self.inv_freq[i] * p as f32;
+                t.push(a.sin() * self.attention_scaling);
+            }
+        }
+        let row = &t[pos * 2 * half..(pos + 1) * 2 * half];
+        cos.copy_from_slice(&row[..half]);
+        sin.copy_from_slice(&row[half..]);
     }
 
     /// Rotates the first `rotary_dim` dims of every `head_dim` chunk of `x` with angles from
@@ -196,22 +242,70 @@ impl Mlp {
 
     /// `n` rows of `hidden` floats in, `n` rows out.
     pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
-        let inter = self.gate.rows;
-        let mut g = vec![0f32; n * inter];
-        let mut u = vec![0f32; n * inter];
-        self.gate.matmul(x, n, &mut g);
-        self.up.matmul(x, n, &mut u);
-        for (gv, uv) in g.iter_mut().zip(&u) {
-            *gv = silu(*gv) * *uv;
-        }
+        let rows: Vec<(usize, f32)> = (0..n).map(|i| (i, 1.0)).collect();
         let mut out = vec![0f32; n * self.down.rows];
-        self.down.matmul(&g, n, &mut out);
+        mlps_forward(&[(self, &rows)], x, n, &mut out);
         out
     }
 
     pub fn size_bytes(&self) -> usize {
         self.gate.size_bytes() + self.up.size_bytes() + self.down.size_bytes()
     }
+}
+
+/// `out[row] += w · mlp(x[row])` for every `(mlp, [(row, w)])` term, terms added in the
+/// order given: a MoE layer's routed experts and its shared one in two parallel regions
+/// (gate+up with SiLU, then down with the weighted sum), the input prepared once per format.
+/// `x` and `out` are `n` rows of `hidden` floats.
+pub fn mlps_forward(terms: &[(&Mlp, &[(usize, f32)])], x: &[f32], n: usize, out: &mut [f32]) {
+    if terms.is_empty() || n == 0 {
+        return;
+    }
+    let hidden = terms[0].0.down.rows;
+    // Gates then ups: an up of its gate's format shares the gate's prepared rows (no extra
+    // work); one quantized differently (a C-layout container may) gets its own.
+    let gates_ups: Vec<&Matrix> = (terms.iter().map(|(m, _)| &m.gate))
+        .chain(terms.iter().map(|(m, _)| &m.up))
+        .collect();
+    let (acts, which) = super::exec::prepare_shared(&gates_ups, x, n);
+    let up_of = terms.len();
+    let mut h: Vec<Vec<f32>> = terms
+        .iter()
+        .map(|(m, rows)| vec![0f32; rows.len() * m.gate.rows])
+        .collect();
+    let mut jobs: Vec<super::exec::Gated> = terms
+        .iter()
+        .zip(h.iter_mut())
+        .enumerate()
+        .map(|(t, ((m, rows), out))| super::exec::Gated {
+            gate: &m.gate,
+            up: &m.up,
+            acts: rows.iter().map(|&(r, _)| &acts[which[t]][r]).collect(),
+            up_acts: rows
+                .iter()
+                .map(|&(r, _)| &acts[which[up_of + t]][r])
+                .collect(),
+            out,
+        })
+        .collect();
+    super::exec::gated(&mut jobs);
+    drop(jobs);
+    let prep: Vec<(&Matrix, &[f32], usize)> = terms
+        .iter()
+        .zip(&h)
+        .map(|((m, rows), h)| (&m.down, &h[..], rows.len()))
+        .collect();
+    let down_acts = super::exec::prepare_many(&prep);
+    let downs: Vec<super::exec::Down> = terms
+        .iter()
+        .zip(&down_acts)
+        .map(|((m, rows), a)| super::exec::Down {
+            down: &m.down,
+            acts: a.iter().collect(),
+            rows,
+        })
+        .collect();
+    super::exec::down_accumulate(&downs, out, hidden);
 }
 
 /// Loads weights by name from a checkpoint, checking each shape against the config and

@@ -314,6 +314,7 @@ impl RopeParams {
             rotary_dim: dim,
             layout,
             attention_scaling: attention_factor as f32,
+            table: Default::default(),
         })
     }
 

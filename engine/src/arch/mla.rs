@@ -12,10 +12,12 @@
 //!
 //! Each sequence of a batch takes whichever is cheaper for its rows and context.
 
-use super::blocks::{axpy, row_block, softmax, Loader, RmsNorm, Rope};
+use super::blocks::{axpy, row_block, Loader, RmsNorm, Rope};
 use super::config::Cfg;
 use super::dsa::{DsaIndexer, Selection};
-use super::BatchRows;
+use super::profile::{self, Phase};
+use super::simd::softmax_fast;
+use super::{exec, BatchRows};
 use crate::error::Result;
 use crate::kernels::dot_f32;
 use crate::kv::KvCache;
@@ -219,9 +221,21 @@ impl MlaAttention {
             self.rope_dim,
         );
         let qw = nh * qk;
+        let kw = lr + rd;
+        let proj = profile::span(Phase::AttnProj);
+        // The query's first projection and kv_a read the same input: one parallel region.
+        let mut kv = vec![0f32; n * kw];
         let (mut q, q_resid) = match &self.q {
             MlaQuery::LowRank { a, norm, b } => {
-                let mut r = a.forward(h, n);
+                let mut r = vec![0f32; n * a.out_features()];
+                exec::products(
+                    h,
+                    n,
+                    &[&a.weight, &self.kv_a.weight],
+                    &mut [&mut r, &mut kv],
+                );
+                a.add_bias(&mut r);
+                self.kv_a.add_bias(&mut kv);
                 norm.apply_chunks(&mut r);
                 let mut q = vec![0f32; n * qw];
                 b.matmul(&r, n, &mut q);
@@ -229,12 +243,11 @@ impl MlaAttention {
             }
             MlaQuery::Full(p) => {
                 let mut q = vec![0f32; n * qw];
-                p.matmul(h, n, &mut q);
+                exec::products(h, n, &[p, &self.kv_a.weight], &mut [&mut q, &mut kv]);
+                self.kv_a.add_bias(&mut kv);
                 (q, None)
             }
         };
-        let kw = lr + rd;
-        let mut kv = self.kv_a.forward(h, n);
         let mut angles = Vec::with_capacity(n);
         for i in 0..n {
             let (cos, sin) = self.rope.cos_sin(rows.pos[i]);
@@ -257,7 +270,7 @@ impl MlaAttention {
             let r = rows.seq_range(s);
             cache.layers[layer]
                 .k
-                .extend_from_slice(&kv[r.start * kw..r.end * kw]);
+                .extend_from_f32(&kv[r.start * kw..r.end * kw]);
         }
         let sparse = if self.indexer.is_some() || self.shares_selection {
             sel.as_ref()
@@ -270,6 +283,8 @@ impl MlaAttention {
                 None => Attended::Causal(rows.pos[i] + 1),
             })
             .collect();
+        drop(proj);
+        let core = profile::span(Phase::AttnCore);
         let caches: Vec<&KvCache> = caches.iter().map(|c| &**c).collect();
         let mut out = vec![0f32; n * nh * self.v_dim];
         let mut absorbed_rows = Vec::new();
@@ -297,6 +312,8 @@ impl MlaAttention {
                 &mut out,
             );
         }
+        drop(core);
+        let _out = profile::span(Phase::AttnOut);
         self.o_proj.forward(&out, n)
     }
 
@@ -373,12 +390,12 @@ impl MlaAttention {
             let pos = positions[i];
             let mut scores: Vec<f32> = pos
                 .iter()
-                .map(|t| dot_f32(qv, &keys[t * aw..(t + 1) * aw]) * self.scale)
+                .map(|t| keys.row(t * aw, aw).dot(qv) * self.scale)
                 .collect();
-            softmax(&mut scores);
+            softmax_fast(&mut scores);
             o.fill(0.0);
             for (wt, t) in scores.iter().zip(pos.iter()) {
-                axpy(o, *wt, &keys[t * aw..t * aw + lr]);
+                keys.row(t * aw, lr).axpy_to(o, *wt);
             }
         });
         // Values: W_uv[h]·o_lat per head.
@@ -422,9 +439,9 @@ impl MlaAttention {
         let keys = &cache.layers[layer].k;
         let aw = lr + rd;
         let context = rows.pos[r.end - 1] + 1;
-        let mut lat = Vec::with_capacity(context * lr);
-        for t in 0..context {
-            lat.extend_from_slice(&keys[t * aw..t * aw + lr]);
+        let mut lat = vec![0f32; context * lr];
+        for (t, l) in lat.chunks_exact_mut(lr.max(1)).enumerate() {
+            keys.row(t * aw, lr).to_f32(l);
         }
         let per_head: Vec<Vec<f32>> = (0..nh)
             .into_par_iter()
@@ -441,12 +458,12 @@ impl MlaAttention {
                     let mut scores: Vec<f32> = pos
                         .iter()
                         .map(|t| {
-                            let kr = &keys[t * aw + lr..(t + 1) * aw];
-                            (dot_f32(qn, &k_nope[t * nope..(t + 1) * nope]) + dot_f32(qr, kr))
+                            let kr = keys.row(t * aw + lr, rd);
+                            (dot_f32(qn, &k_nope[t * nope..(t + 1) * nope]) + kr.dot(qr))
                                 * self.scale
                         })
                         .collect();
-                    softmax(&mut scores);
+                    softmax_fast(&mut scores);
                     let o = &mut y[a * vd..(a + 1) * vd];
                     for (wt, t) in scores.iter().zip(pos.iter()) {
                         axpy(o, *wt, &v[t * vd..(t + 1) * vd]);

@@ -10,6 +10,7 @@ pub mod census;
 pub mod config;
 pub mod deepseek_v3;
 pub mod dsa;
+pub mod exec;
 pub mod glm4_moe;
 pub mod glm_moe_dsa;
 pub mod mixtral;
@@ -17,11 +18,13 @@ pub mod mla;
 pub mod moe;
 pub mod mtp;
 pub mod olmoe;
+pub mod profile;
 pub mod qwen3_moe;
+pub mod simd;
 
 use crate::container::Checkpoint;
 use crate::error::{Error, Result};
-use crate::kv::KvCache;
+use crate::kv::{KvCache, KvDtype};
 use crate::model::{LoadProgress, LoadStage, LogitsWanted, SeqStep};
 use crate::tensor::Matrix;
 use attention::GqaAttention;
@@ -216,6 +219,15 @@ impl Attention {
         }
     }
 
+    /// The KV dtype of this attention kind unless one is forced (see [`crate::kv`]): f16 for
+    /// GQA keys and values, f32 for MLA's latent.
+    pub fn default_kv_dtype(&self) -> KvDtype {
+        match self {
+            Attention::Gqa(_) => KvDtype::F16,
+            Attention::Mla(_) => KvDtype::F32,
+        }
+    }
+
     /// Floats per position a plain per-head K/V cache would need for this layer.
     pub fn full_kv_width(&self) -> usize {
         match self {
@@ -298,7 +310,10 @@ impl Layer {
         }
         let h = self.ffn_norm.forward(x);
         let f = match &self.ffn {
-            Ffn::Dense(m) => m.forward(&h, n),
+            Ffn::Dense(m) => {
+                let _dense = profile::span(profile::Phase::Experts);
+                m.forward(&h, n)
+            }
             Ffn::Moe(m) => m.forward(&h, n),
         };
         add_into(x, &f);
@@ -378,29 +393,48 @@ fn wanted_rows(want: LogitsWanted, range: std::ops::Range<usize>) -> std::ops::R
 }
 
 /// A cache with one layer per entry of `layers`, sized for `capacity` positions.
-fn cache_for<'a>(layers: impl Iterator<Item = &'a Layer>, capacity: usize) -> KvCache {
-    let widths: Vec<(usize, usize, usize)> = layers.map(|l| l.attn.cache_widths()).collect();
+/// `dtype` forces every layer's dtype; `None`: each layer's attention default.
+fn cache_for<'a>(
+    layers: impl Iterator<Item = &'a Layer>,
+    capacity: usize,
+    dtype: Option<KvDtype>,
+) -> KvCache {
+    let layers: Vec<&Layer> = layers.collect();
+    let widths: Vec<(usize, usize, usize)> = layers.iter().map(|l| l.attn.cache_widths()).collect();
     let kv: Vec<(usize, usize)> = widths.iter().map(|&(k, v, _)| (k, v)).collect();
     let mut cache = KvCache::new(&kv, capacity);
-    for (l, &(_, _, extra)) in cache.layers.iter_mut().zip(&widths) {
+    for ((l, &(_, _, extra)), layer) in cache.layers.iter_mut().zip(&widths).zip(&layers) {
         l.extra_width = extra;
+        let d = dtype.unwrap_or_else(|| layer.attn.default_kv_dtype());
+        l.k = crate::kv::KvBuf::new(d);
+        l.v = crate::kv::KvBuf::new(d);
     }
     cache
 }
 
 impl Network {
+    /// A cache in each layer's default dtype (f16 keys and values for GQA, f32 latents for
+    /// MLA) unless `COLIBRI_KV` forces one (see [`crate::kv`]).
     pub fn new_cache(&self) -> KvCache {
-        cache_for(self.layers.iter(), self.max_context)
+        cache_for(self.layers.iter(), self.max_context, KvDtype::from_env())
     }
 
-    /// Bytes per position the KV cache holds (f32), and what a plain per-head K/V cache of
-    /// the same layers would hold: MLA keeps a latent instead of expanded keys and values.
+    /// A cache with every layer in `dtype`.
+    pub fn new_cache_with(&self, dtype: KvDtype) -> KvCache {
+        cache_for(self.layers.iter(), self.max_context, Some(dtype))
+    }
+
+    /// Bytes per position a new cache holds, and what a plain per-head K/V cache of the same
+    /// layers would hold in the same dtype: MLA keeps a latent instead of expanded keys and
+    /// values.
     pub fn kv_bytes_per_token(&self) -> (usize, usize) {
+        let forced = KvDtype::from_env();
         let (mut held, mut full) = (0, 0);
         for l in &self.layers {
+            let e = forced.unwrap_or_else(|| l.attn.default_kv_dtype()).size();
             let (k, v, x) = l.attn.cache_widths();
-            held += (k + v + x) * 4;
-            full += l.attn.full_kv_width() * 4;
+            held += (k + v) * e + x * 4;
+            full += l.attn.full_kv_width() * e;
         }
         (held, full)
     }
@@ -467,6 +501,7 @@ impl Network {
             logit_rows.extend(lr.clone());
             normed.extend(r.filter(|i| lr.contains(i) || hr.contains(i)));
         }
+        let _head = profile::span(profile::Phase::LmHead);
         let mut hs = Vec::with_capacity(normed.len() * width);
         for &r in &normed {
             hs.extend_from_slice(&x[r * width..(r + 1) * width]);
@@ -503,7 +538,11 @@ impl Network {
 
     /// A cache for MTP layer `k` (one layer; the same capacity as the main cache).
     pub fn new_mtp_cache(&self, k: usize) -> KvCache {
-        cache_for(std::iter::once(&self.mtp[k].layer), self.max_context)
+        cache_for(
+            std::iter::once(&self.mtp[k].layer),
+            self.max_context,
+            KvDtype::from_env(),
+        )
     }
 
     /// Runs MTP layer `k` on one sequence: row `j` combines `tokens[j]` (the token at

@@ -4,9 +4,9 @@
 //! are grouped by expert, so each selected expert's weights are read once per step and
 //! applied to every row routed to it.
 
-use super::blocks::{axpy, softmax, Mlp};
+use super::blocks::{axpy, mlps_forward, softmax, Mlp};
+use super::profile::{self, Phase};
 use crate::tensor::Matrix;
-use rayon::prelude::*;
 
 /// How router logits become expert choices and weights.
 #[derive(Clone, Debug)]
@@ -106,8 +106,12 @@ impl Moe {
     /// The MoE output for `n` rows.
     pub fn forward(&self, h: &[f32], n: usize) -> Vec<f32> {
         let hidden = self.router.cols;
-        let mut routes = self.route(h, n);
+        let mut routes = {
+            let _router = profile::span(Phase::Router);
+            self.route(h, n)
+        };
         self.hooks.routed(&mut routes);
+        let _experts = profile::span(Phase::Experts);
         // expert -> [(row, weight)]
         let mut by_expert: Vec<Vec<(usize, f32)>> = vec![Vec::new(); self.n_experts()];
         for (row, r) in routes.iter().enumerate() {
@@ -116,35 +120,41 @@ impl Moe {
             }
         }
         let mut out = vec![0f32; n * hidden];
-        // With one row per expert (decode) the matmuls parallelise inside; with many rows
-        // (prefill) run experts side by side as well.
-        let partials: Vec<(usize, Vec<f32>)> = match &self.hooks.stream {
-            Some(s) => s.expert_outputs(self.hooks.layer, &self.experts, &by_expert, h, hidden),
-            None => by_expert
-                .par_iter()
-                .enumerate()
-                .filter(|(_, rows)| !rows.is_empty())
-                .map(|(e, rows)| {
-                    let mut x = Vec::with_capacity(rows.len() * hidden);
-                    for &(r, _) in rows {
-                        x.extend_from_slice(&h[r * hidden..(r + 1) * hidden]);
-                    }
-                    (e, self.experts[e].forward(&x, rows.len()))
-                })
-                .collect(),
-        };
-        for (e, y) in partials {
-            for (j, &(r, w)) in by_expert[e].iter().enumerate() {
-                axpy(
-                    &mut out[r * hidden..(r + 1) * hidden],
-                    w,
-                    &y[j * hidden..(j + 1) * hidden],
-                );
+        if let Some(s) = &self.hooks.stream {
+            // Streamed experts arrive one by one; each is applied as it comes (same kernels
+            // and order of accumulation as below, so the same bits).
+            let partials = s.expert_outputs(self.hooks.layer, &self.experts, &by_expert, h, hidden);
+            for (e, y) in partials {
+                for (j, &(r, w)) in by_expert[e].iter().enumerate() {
+                    axpy(
+                        &mut out[r * hidden..(r + 1) * hidden],
+                        w,
+                        &y[j * hidden..(j + 1) * hidden],
+                    );
+                }
             }
+            if let Some(shared) = &self.shared {
+                add_into(&mut out, &shared.forward(h, n));
+            }
+            return out;
         }
+        // Resident: every selected expert and the shared one in two parallel regions, the
+        // weighted sum built into the down projections (experts in ascending order, the
+        // shared expert last with weight 1).
+        let all: Vec<(usize, f32)> = match &self.shared {
+            Some(_) => (0..n).map(|i| (i, 1.0)).collect(),
+            None => Vec::new(),
+        };
+        let mut terms: Vec<(&Mlp, &[(usize, f32)])> = by_expert
+            .iter()
+            .enumerate()
+            .filter(|(_, rows)| !rows.is_empty())
+            .map(|(e, rows)| (&self.experts[e], &rows[..]))
+            .collect();
         if let Some(shared) = &self.shared {
-            add_into(&mut out, &shared.forward(h, n));
+            terms.push((shared, &all));
         }
+        mlps_forward(&terms, h, n, &mut out);
         out
     }
 

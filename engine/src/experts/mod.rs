@@ -9,6 +9,8 @@
 //! - [`policy`]: cache replacement policies (LRU, LFU, LRFU, ARC, pinned) behind one trait.
 //! - [`sim`] and [`trace`]: routing traces and the simulator that replays them against the
 //!   policies and against Belady's offline optimum, which is how the shipped policy is chosen.
+//! - [`book`]: which experts the cache holds and why (policy plus prefetch slots), shared by
+//!   the store and the simulator.
 //! - [`store`]: the cache itself, its reader threads and statistics.
 //! - [`hist`]: the per-model usage histogram (atomic writes, validated reads).
 //! - [`plan`]: where a model's bytes go and the default budget.
@@ -19,6 +21,7 @@
 //! reader count change only when bytes arrive; the bytes handed to the kernels are the ones
 //! in the file. (Expert top-p, which does change outputs, is an explicit lossy option.)
 
+pub mod book;
 pub mod buf;
 pub mod hist;
 pub mod hooks;

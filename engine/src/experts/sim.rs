@@ -6,8 +6,9 @@
 //! the true optimum for a cache that, like ours, can hand an expert to the forward pass
 //! without keeping it. No online policy can read fewer bytes on the same trace.
 
-use super::policy::{Access, Policy};
-use super::trace::Trace;
+use super::book::CacheBook;
+use super::policy::Policy;
+use super::trace::{LayerRoutes, Trace};
 use super::Key;
 use std::collections::{BTreeSet, HashMap};
 
@@ -17,11 +18,14 @@ pub struct SimResult {
     pub capacity: usize,
     pub requests: u64,
     pub hits: u64,
-    /// Bytes read (`misses × expert_bytes`).
+    /// Bytes read: demand misses and prefetches, `× expert_bytes`.
     pub bytes: u64,
     pub tokens: usize,
     /// Per step: (rows, requests, hits), for hit rates over a window of tokens.
     pub per_step: Vec<(usize, u32, u32)>,
+    /// Prefetch reads (their bytes are in `bytes`) and how many were then demanded.
+    pub prefetch_reads: u64,
+    pub prefetch_used: u64,
 }
 
 impl SimResult {
@@ -38,12 +42,16 @@ impl SimResult {
             self.bytes as f64 / self.tokens as f64
         }
     }
-    /// Misses per token: what one token costs in expert reads.
-    pub fn misses_per_token(&self) -> f64 {
+    /// Expert reads: demand misses and prefetches.
+    pub fn reads(&self) -> u64 {
+        self.misses() + self.prefetch_reads
+    }
+    /// Reads per token: what one token costs in expert reads.
+    pub fn reads_per_token(&self) -> f64 {
         if self.tokens == 0 {
             0.0
         } else {
-            self.misses() as f64 / self.tokens as f64
+            self.reads() as f64 / self.tokens as f64
         }
     }
     /// Hit rate over the steps that hold the first `tokens` tokens (whole steps).
@@ -81,32 +89,149 @@ fn ratio(a: u64, b: u64) -> f64 {
     }
 }
 
+/// How the simulated store runs, beyond its policy.
+#[derive(Clone, Debug, Default)]
+pub struct SimOptions {
+    /// Prefetch on a prediction of the next layer's experts (off: `None`).
+    pub prefetch: Option<PrefetchModel>,
+    /// Preloaded in the background before the first step (a start with a usage history:
+    /// its hottest experts), in this order.
+    pub preload: Vec<Key>,
+}
+
+/// The store's prefetch as the simulator models it. A trace records what the routers chose,
+/// not what the predictor guessed, so the guess is made from the truth: of the experts a
+/// row is routed to in the next layer, each is missed with probability `1 - recall`, the
+/// misses falling on the row's lightest experts, each replaced by a wrong expert of the same
+/// weight (a real predictor names `top_k` per row too). The predictions of a step's rows are merged heaviest first, as
+/// `experts::hooks::Predictor` does, and handed to the same [`CacheBook`] the store uses,
+/// so prefetch slots, their half-per-layer limit and the policy's room behave as live.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PrefetchModel {
+    /// Share of the next layer's routed experts the predictor names (the store reports its
+    /// own as `prefetch recall`).
+    pub recall: f64,
+    /// Prefetch slots taken from the capacity ([`super::book::prefetch_slots`] of what the
+    /// store asks: two layers' top-k).
+    pub slots: usize,
+    /// Seed of the predictor's mistakes.
+    pub seed: u64,
+}
+
 /// Replays `trace` through `policy` (which keeps whatever state it starts with: a seeded or
 /// pinned policy simulates a start with a remembered histogram).
-pub fn simulate(trace: &Trace, policy: &mut dyn Policy) -> SimResult {
+pub fn simulate(trace: &Trace, policy: Box<dyn Policy>) -> SimResult {
+    simulate_with(trace, policy, &SimOptions::default())
+}
+
+/// Replays `trace` through the store's bookkeeping ([`CacheBook`]) with `policy` and, when
+/// asked, prefetch: every demand miss and every prefetch costs `trace.expert_bytes`
+/// (preloads are a start-up cost, not counted, like the store's `preload_bytes`). With
+/// prefetch, `policy` should be built at the capacity less the slots, as the store does; a
+/// prefetched expert that is then demanded counts as a hit, so compare bytes, not hit rates.
+pub fn simulate_with(trace: &Trace, policy: Box<dyn Policy>, opts: &SimOptions) -> SimResult {
+    let slots = opts.prefetch.map_or(0, |p| p.slots);
     let mut res = SimResult {
         policy: policy.name(),
-        capacity: policy.capacity(),
+        capacity: policy.capacity() + slots,
         requests: 0,
         hits: 0,
         bytes: 0,
         tokens: trace.tokens(),
         per_step: trace.steps.iter().map(|s| (s.rows, 0, 0)).collect(),
+        prefetch_reads: 0,
+        prefetch_used: 0,
     };
-    let mut evicted = Vec::new();
-    for r in trace.requests() {
-        evicted.clear();
-        let hit = policy.access(r.key, Access::Demand, &mut evicted);
-        res.requests += 1;
-        res.per_step[r.step].1 += 1;
-        if hit {
-            res.hits += 1;
-            res.per_step[r.step].2 += 1;
-        } else {
-            res.bytes += trace.expert_bytes;
+    let mut book = CacheBook::new(policy, slots);
+    let mut read = Vec::new();
+    let mut dropped = Vec::new();
+    book.speculate(opts.preload.iter().copied(), true, &mut read, &mut dropped);
+    let mut rng = opts
+        .prefetch
+        .map(|p| crate::sample::Xoshiro256::seed_from_u64(p.seed));
+    for (si, step) in trace.steps.iter().enumerate() {
+        for (li, layer) in step.layers.iter().enumerate() {
+            // The predictor of the next MoE layer runs after this layer's attention, before
+            // its experts are requested.
+            if let (Some(pm), Some(rng), Some(next)) =
+                (opts.prefetch, rng.as_mut(), step.layers.get(li + 1))
+            {
+                let guess = predict(next, trace.n_experts, pm.recall, rng);
+                read.clear();
+                book.speculate(
+                    guess.into_iter().map(|e| Key::new(next.layer, e as usize)),
+                    false,
+                    &mut read,
+                    &mut dropped,
+                );
+                res.prefetch_reads += read.len() as u64;
+                res.bytes += read.len() as u64 * trace.expert_bytes;
+            }
+            for e in layer.unique() {
+                let d = book.demand(Key::new(layer.layer, e as usize), &mut dropped);
+                res.requests += 1;
+                res.per_step[si].1 += 1;
+                match d.found {
+                    Some(h) => {
+                        res.hits += 1;
+                        res.per_step[si].2 += 1;
+                        if h.speculative {
+                            res.prefetch_used += 1;
+                        }
+                    }
+                    None => res.bytes += trace.expert_bytes,
+                }
+            }
         }
     }
     res
+}
+
+/// What the modelled predictor names for `layer` (see [`PrefetchModel`]): heaviest first.
+pub fn predict(
+    layer: &LayerRoutes,
+    n_experts: usize,
+    recall: f64,
+    rng: &mut crate::sample::Xoshiro256,
+) -> Vec<u32> {
+    let mut weight: HashMap<u32, f64> = HashMap::new();
+    for (r, row) in layer.experts.iter().enumerate() {
+        let w = |j: usize| {
+            layer
+                .weights
+                .get(r)
+                .and_then(|w| w.get(j))
+                .map_or(1.0 / (j + 1) as f64, |&w| w as f64)
+        };
+        // How many of the row's experts the predictor gets wrong; they are the lightest
+        // ones (a router's near-ties at the edge of its top-k are what a guess from the
+        // previous layer's state confuses).
+        let wrong = (0..row.len())
+            .filter(|_| rng.next_f64() >= recall)
+            .count()
+            .min(n_experts - row.len());
+        let mut by_weight: Vec<usize> = (0..row.len()).collect();
+        by_weight.sort_by(|&a, &b| w(b).total_cmp(&w(a)).then(a.cmp(&b)));
+        let mut named: Vec<u32> = Vec::with_capacity(row.len());
+        for (rank, &j) in by_weight.iter().enumerate() {
+            let mut guess = row[j];
+            if rank >= row.len() - wrong {
+                // A wrong expert: neither routed in this row nor named already.
+                loop {
+                    let x = (rng.next_f64() * n_experts as f64) as u32 % n_experts as u32;
+                    if !row.contains(&x) && !named.contains(&x) {
+                        guess = x;
+                        break;
+                    }
+                }
+            }
+            named.push(guess);
+            *weight.entry(guess).or_default() += w(j);
+        }
+    }
+    let mut v: Vec<(u32, f64)> = weight.into_iter().collect();
+    v.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    v.into_iter().map(|(e, _)| e).collect()
 }
 
 /// Belady's optimal replacement (with bypass) at `capacity` experts.
@@ -122,6 +247,8 @@ pub fn belady(trace: &Trace, capacity: usize) -> SimResult {
         bytes: 0,
         tokens: trace.tokens(),
         per_step: trace.steps.iter().map(|s| (s.rows, 0, 0)).collect(),
+        prefetch_reads: 0,
+        prefetch_used: 0,
     };
     let hits = belady_hits(&keys, &next, capacity);
     for (r, hit) in reqs.iter().zip(hits) {
@@ -185,7 +312,7 @@ pub fn belady_hits(keys: &[Key], next: &[usize], capacity: usize) -> Vec<bool> {
 #[cfg(test)]
 mod tests {
     use super::super::policy::{build, Lru};
-    use super::super::trace::{LayerRoutes, TraceStep};
+    use super::super::trace::TraceStep;
     use super::*;
 
     fn k(e: u32) -> Key {
@@ -225,7 +352,7 @@ mod tests {
         let seq: Vec<u32> = (0..12).map(|i| i % 4).collect();
         let t = trace_of(&seq);
         let b = belady(&t, 3);
-        let l = simulate(&t, &mut Lru::new(3));
+        let l = simulate(&t, Box::new(Lru::new(3)));
         assert_eq!(l.hits, 0);
         // OPT: 0 1 2 cold, 3 bypassed (its next use is the furthest), 0 1 2 hit, 3 bypassed
         // again, 0 1 2 hit, 3 missed: 6 misses.
@@ -248,8 +375,8 @@ mod tests {
         let t = Trace::synthetic(4, 32, 4, 300, 0.9, 0.3, 11);
         for cap in [8, 32, 64] {
             let b = belady(&t, cap);
-            for name in ["lru", "lfu", "lfu-admit", "lrfu", "arc"] {
-                let r = simulate(&t, build(name, cap, None, 0.0, 16).unwrap().as_mut());
+            for name in ["lru", "lfu", "lfu-admit", "lrfu", "lrfu-auto", "arc"] {
+                let r = simulate(&t, build(name, cap, None, 0.0, 16).unwrap());
                 assert!(
                     r.misses() >= b.misses(),
                     "{name} at {cap}: {} < {}",
@@ -261,7 +388,7 @@ mod tests {
         // Capacity holding everything: only cold misses, for Belady and LRU alike.
         let all = 4 * 32;
         let b = belady(&t, all);
-        let l = simulate(&t, &mut Lru::new(all));
+        let l = simulate(&t, Box::new(Lru::new(all)));
         assert_eq!(b.misses(), l.misses());
         let distinct: std::collections::HashSet<Key> = t.requests().iter().map(|r| r.key).collect();
         assert_eq!(b.misses() as usize, distinct.len());
@@ -270,7 +397,7 @@ mod tests {
     #[test]
     fn windows_of_tokens() {
         let t = trace_of(&[1, 1, 1, 1, 2, 2]);
-        let r = simulate(&t, &mut Lru::new(1));
+        let r = simulate(&t, Box::new(Lru::new(1)));
         assert_eq!(
             r.per_step.iter().map(|s| s.2).collect::<Vec<_>>(),
             vec![0, 1, 1, 1, 0, 1]

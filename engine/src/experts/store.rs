@@ -14,6 +14,7 @@
 //!   the store mirrors it. An evicted expert still in use by the forward pass lives until the
 //!   pass drops it, so the memory bound is the budget plus the experts of one layer in use.
 
+use super::book::{self, CacheBook, Held};
 use super::buf::{AlignedBuf, ExpertBuf, ALIGN};
 use super::hist::UsageHistogram;
 use super::policy::{self, Access, Policy};
@@ -231,20 +232,11 @@ enum Slot {
     Ready(Arc<ExpertBuf>),
 }
 
-struct Entry {
-    slot: Slot,
-    /// Brought in by a prefetch or preload and not demanded yet.
-    speculative: bool,
-    /// Held in the prefetch slots, outside the policy (see [`StoreConfig::prefetch_slots`]).
-    staged: bool,
-}
-
 struct State {
-    policy: Box<dyn Policy>,
-    entries: HashMap<Key, Entry>,
-    /// Staged prefetches, oldest first, at most `prefetch_slots`.
-    staged: VecDeque<Key>,
-    prefetch_slots: usize,
+    /// Which experts are held and why (the decisions; the simulator runs the same code).
+    book: CacheBook,
+    /// The buffers of the keys the book holds (always the same keys).
+    slots: HashMap<Key, Slot>,
     /// Budget lent to the KV caches ([`ExpertStore::lend`]).
     lent_bytes: u64,
     resident_bytes: u64,
@@ -266,16 +258,22 @@ pub struct ExpertCounts {
 }
 
 impl State {
-    /// Forgets an entry (its read, if still queued, is skipped); whether it was there.
-    fn remove_entry(&mut self, key: Key) -> bool {
-        match self.entries.remove(&key) {
-            Some(e) => {
-                if let Slot::Ready(b) = &e.slot {
+    /// Frees the buffers of keys the book no longer holds (a read still queued is skipped),
+    /// counting evictions and prefetches that were never used.
+    fn drop_slots(&mut self, dropped: &[(Key, Held)], c: &Counters) {
+        for (v, h) in dropped {
+            if let Some(slot) = self.slots.remove(v) {
+                // A staged prefetch pushed out by a newer one was never in the policy.
+                if !h.staged {
+                    c.evictions.fetch_add(1, Ordering::Relaxed);
+                }
+                if h.speculative {
+                    c.prefetch_wasted.fetch_add(1, Ordering::Relaxed);
+                }
+                if let Slot::Ready(b) = &slot {
                     self.resident_bytes -= b.size_bytes() as u64;
                 }
-                true
             }
-            None => false,
         }
     }
 
@@ -634,15 +632,19 @@ impl ExpertStore {
             }
             plans.push(prow);
         }
+        // The experts' bytes are read by us into our own buffers, never through the page
+        // cache; whatever of them is cached now (the kernel's read-ahead when the loader read
+        // the files' headers: 8 MB per file on the benchmark disk, 384 MB for a 48-layer
+        // model, all charged to a memory cgroup) is dropped (clean pages not mapped by
+        // anyone; nothing is lost).
+        for plan in plans.iter().flatten().flatten() {
+            for g in &plan.groups {
+                drop_cached(&disk[g.file].buffered, g.start, g.end - g.start);
+            }
+        }
         let capacity = cfg.budget_bytes.checked_div(expert_bytes).unwrap_or(0) as usize;
-        // Never more than a quarter of the cache waits on predictions; none when every
-        // expert fits (nothing is ever evicted, so a prefetch cannot be lost).
         let experts = plans.iter().flatten().filter(|p| p.is_some()).count();
-        let prefetch_slots = if capacity >= experts {
-            0
-        } else {
-            cfg.prefetch_slots.min(capacity / 4)
-        };
+        let prefetch_slots = book::prefetch_slots(capacity, experts, cfg.prefetch_slots);
         let counts = hist.nonzero();
         let known = |k: &Key| {
             plans
@@ -686,10 +688,8 @@ impl ExpertStore {
             files: disk,
             plans,
             state: Mutex::new(State {
-                policy,
-                entries: HashMap::new(),
-                staged: VecDeque::new(),
-                prefetch_slots,
+                book: CacheBook::new(policy, prefetch_slots),
+                slots: HashMap::new(),
                 lent_bytes: 0,
                 resident_bytes: 0,
                 hist,
@@ -739,12 +739,10 @@ impl ExpertStore {
         let room = s.budget_bytes.saturating_sub(bytes);
         let cap = room.checked_div(s.expert_bytes).unwrap_or(0) as usize;
         let mut st = lock(&s.state);
-        let want = cap.saturating_sub(st.prefetch_slots);
-        if want != st.policy.capacity() {
-            let mut evicted = Vec::new();
-            st.policy.set_capacity(want, &mut evicted);
-            self.drop_evicted(&mut st, &evicted);
-        }
+        let want = cap.saturating_sub(st.book.prefetch_slots());
+        let mut dropped = Vec::new();
+        st.book.set_policy_capacity(want, &mut dropped);
+        st.drop_slots(&dropped, &s.c);
         st.lent_bytes = bytes;
     }
     /// Bytes of the largest expert's buffer.
@@ -780,19 +778,18 @@ impl ExpertStore {
         s.c.requests.fetch_add(1, Ordering::Relaxed);
         let mut st = lock(&s.state);
         st.hist.add(key, 1);
-        let mut evicted = Vec::new();
-        st.policy.access(key, Access::Demand, &mut evicted);
-        self.drop_evicted(&mut st, &evicted);
-        let admitted = st.policy.contains(key);
-        if let Some(entry) = st.entries.get_mut(&key) {
-            if entry.speculative {
-                entry.speculative = false;
+        let mut dropped = Vec::new();
+        let demand = st.book.demand(key, &mut dropped);
+        st.drop_slots(&dropped, &s.c);
+        if let Some(found) = demand.found {
+            if found.speculative {
                 s.c.prefetch_used.fetch_add(1, Ordering::Relaxed);
             }
-            // A staged prefetch leaves its slot: kept if the policy took it (the access
-            // above), else handed over once and dropped.
-            let unstage = std::mem::take(&mut entry.staged);
-            let ticket = match &entry.slot {
+            let ticket = match st
+                .slots
+                .get(&key)
+                .expect("the book and the slots hold the same keys")
+            {
                 Slot::Ready(b) => {
                     s.c.hits.fetch_add(1, Ordering::Relaxed);
                     Ticket::Ready(b.clone())
@@ -804,10 +801,10 @@ impl ExpertStore {
                     Ticket::Wait(key, PendingHandle(p))
                 }
             };
-            if unstage {
-                st.staged.retain(|k| *k != key);
-                if !admitted {
-                    st.remove_entry(key);
+            // A staged prefetch the policy did not take is handed over once and dropped.
+            if !st.book.contains(key) {
+                if let Some(Slot::Ready(b)) = st.slots.remove(&key) {
+                    st.resident_bytes -= b.size_bytes() as u64;
                 }
             }
             let n = st.counts_mut(key);
@@ -820,15 +817,8 @@ impl ExpertStore {
         s.c.misses.fetch_add(1, Ordering::Relaxed);
         st.counts_mut(key).misses += 1;
         let p = Pending::new();
-        if admitted {
-            st.entries.insert(
-                key,
-                Entry {
-                    slot: Slot::Loading(p.clone()),
-                    speculative: false,
-                    staged: false,
-                },
-            );
+        if demand.kept {
+            st.slots.insert(key, Slot::Loading(p.clone()));
         }
         drop(st);
         self.enqueue(
@@ -883,7 +873,7 @@ impl ExpertStore {
     /// The hottest experts of `hist`, as many as the cache holds, hottest first: what
     /// [`ExpertStore::preload`] should fetch at start (a pinned policy's pins come first).
     pub fn preload_candidates(&self, hist: &UsageHistogram) -> Vec<Key> {
-        let cap = lock(&self.shared.state).policy.capacity();
+        let cap = lock(&self.shared.state).book.policy().capacity();
         let mut keys: Vec<Key> = self.user_pins.iter().copied().take(cap).collect();
         for k in policy::hottest(&hist.nonzero(), cap) {
             if keys.len() >= cap {
@@ -899,45 +889,16 @@ impl ExpertStore {
     fn speculate(&self, keys: impl Iterator<Item = Key>, background: bool) -> usize {
         let s = &self.shared;
         let mut queued = Vec::new();
-        let mut staged_now = 0;
         {
             let mut st = lock(&s.state);
-            for key in keys {
-                if self.check_key(key).is_err() || st.entries.contains_key(&key) {
-                    continue;
-                }
-                // While the policy has room a prefetch evicts nothing: it goes straight in.
-                let staged =
-                    !background && st.prefetch_slots > 0 && st.policy.len() >= st.policy.capacity();
-                if staged && staged_now >= st.prefetch_slots.div_ceil(2) {
-                    break;
-                }
-                if staged {
-                    staged_now += 1;
-                    while st.staged.len() >= st.prefetch_slots {
-                        let old = st.staged.pop_front().expect("non-empty");
-                        if st.remove_entry(old) {
-                            s.c.prefetch_wasted.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                    st.staged.push_back(key);
-                } else {
-                    let mut evicted = Vec::new();
-                    st.policy.access(key, Access::Prefetch, &mut evicted);
-                    self.drop_evicted(&mut st, &evicted);
-                    if !st.policy.contains(key) {
-                        continue;
-                    }
-                }
+            let mut read = Vec::new();
+            let mut dropped = Vec::new();
+            let keys = keys.filter(|&k| self.check_key(k).is_ok());
+            st.book.speculate(keys, background, &mut read, &mut dropped);
+            st.drop_slots(&dropped, &s.c);
+            for key in read {
                 let p = Pending::new();
-                st.entries.insert(
-                    key,
-                    Entry {
-                        slot: Slot::Loading(p.clone()),
-                        speculative: true,
-                        staged,
-                    },
-                );
+                st.slots.insert(key, Slot::Loading(p.clone()));
                 queued.push(Job {
                     key,
                     pending: p,
@@ -969,23 +930,6 @@ impl ExpertStore {
         self.shared.jobs_cv.notify_one();
     }
 
-    fn drop_evicted(&self, st: &mut State, evicted: &[Key]) {
-        for v in evicted {
-            if let Some(e) = st.entries.remove(v) {
-                self.shared.c.evictions.fetch_add(1, Ordering::Relaxed);
-                if e.speculative {
-                    self.shared
-                        .c
-                        .prefetch_wasted
-                        .fetch_add(1, Ordering::Relaxed);
-                }
-                if let Slot::Ready(b) = &e.slot {
-                    st.resident_bytes -= b.size_bytes() as u64;
-                }
-            }
-        }
-    }
-
     /// Tokens counted so far.
     pub fn tokens(&self) -> u64 {
         self.shared.c.tokens.load(Ordering::Relaxed)
@@ -1006,7 +950,7 @@ impl ExpertStore {
 
     /// Whether `key` is resident or being read.
     pub fn contains(&self, key: Key) -> bool {
-        lock(&self.shared.state).entries.contains_key(&key)
+        lock(&self.shared.state).slots.contains_key(&key)
     }
 
     /// Every expert the cache holds now, with whether its bytes are ready (false: a read is
@@ -1014,9 +958,9 @@ impl ExpertStore {
     /// pass over the entries under the state lock.
     pub fn residency(&self) -> Vec<(Key, bool)> {
         lock(&self.shared.state)
-            .entries
+            .slots
             .iter()
-            .map(|(k, e)| (*k, matches!(e.slot, Slot::Ready(_))))
+            .map(|(k, s)| (*k, matches!(s, Slot::Ready(_))))
             .collect()
     }
 
@@ -1053,9 +997,9 @@ impl ExpertStore {
         let (resident_experts, resident_bytes, lent_bytes) = {
             let st = lock(&s.state);
             let ready = st
-                .entries
+                .slots
                 .values()
-                .filter(|e| matches!(e.slot, Slot::Ready(_)))
+                .filter(|s| matches!(s, Slot::Ready(_)))
                 .count();
             (ready, st.resident_bytes, st.lent_bytes)
         };
@@ -1134,7 +1078,7 @@ fn reader_loop(s: &Shared) {
             // A speculative read whose entry was evicted before it started, and that nobody
             // waits for, is skipped. (Tickets are only handed out under the state lock.)
             let st = lock(&s.state);
-            let live = matches!(st.entries.get(&job.key), Some(Entry { slot: Slot::Loading(p), .. }) if Arc::ptr_eq(p, &job.pending));
+            let live = matches!(st.slots.get(&job.key), Some(Slot::Loading(p)) if Arc::ptr_eq(p, &job.pending));
             if !live && Arc::strong_count(&job.pending) == 1 {
                 continue;
             }
@@ -1148,16 +1092,16 @@ fn reader_loop(s: &Shared) {
         {
             // The cache first, then the waiters: whoever wakes up sees the final state.
             let mut st = lock(&s.state);
-            let live = matches!(st.entries.get(&job.key), Some(Entry { slot: Slot::Loading(p), .. }) if Arc::ptr_eq(p, &job.pending));
+            let live = matches!(st.slots.get(&job.key), Some(Slot::Loading(p)) if Arc::ptr_eq(p, &job.pending));
             if live {
                 match &r {
                     Ok(buf) => {
                         st.resident_bytes += buf.size_bytes() as u64;
-                        st.entries.get_mut(&job.key).expect("live").slot = Slot::Ready(buf.clone());
+                        *st.slots.get_mut(&job.key).expect("live") = Slot::Ready(buf.clone());
                     }
                     Err(_) => {
-                        st.entries.remove(&job.key);
-                        st.policy.remove(job.key);
+                        st.slots.remove(&job.key);
+                        st.book.remove(job.key);
                     }
                 }
             }
@@ -1705,6 +1649,106 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         assert_eq!(store.stats().resident_experts, 2);
+    }
+
+    /// The simulator runs the store's bookkeeping: replaying a trace through the live store
+    /// (real reads from a file, prefetch calls with the modelled predictor's guesses) gives
+    /// the simulator's hits, misses and prefetches exactly, for several policies, with and
+    /// without prefetch, with a many-row (prefill) step among the decode steps.
+    #[test]
+    fn store_and_simulator_agree_on_a_replay() {
+        use super::super::sim::{predict, simulate_with, PrefetchModel, SimOptions};
+        use super::super::trace::{Trace, TraceStep};
+        let (layers, experts, top_k) = (4, 16, 2);
+        let mut trace = Trace::synthetic(layers, experts, top_k, 120, 0.8, 0.3, 5);
+        // The first eight tokens as one prompt step of eight rows.
+        let prompt: Vec<TraceStep> = trace.steps.drain(..8).collect();
+        trace.steps.insert(
+            0,
+            TraceStep {
+                rows: 8,
+                layers: (0..layers)
+                    .map(|l| super::super::trace::LayerRoutes {
+                        layer: l,
+                        experts: prompt
+                            .iter()
+                            .map(|s| s.layers[l].experts[0].clone())
+                            .collect(),
+                        weights: Vec::new(),
+                    })
+                    .collect(),
+            },
+        );
+        let dir = test_dir();
+        let (specs, len) = specs(layers, experts, 3000);
+        let path = make_file(dir.path(), len);
+        let per_token = layers * top_k;
+        for policy in ["lrfu-auto", "lru", "lfu-admit", "arc", "lrfu:8"] {
+            for recall in [None, Some(0.8)] {
+                let cap = 20;
+                let slots = recall.map_or(0, |_| super::book::prefetch_slots(cap, 64, 2 * top_k));
+                let mut c = cfg(cap as u64, 1, false, 2, policy);
+                let probe = open(
+                    &path,
+                    &specs,
+                    1,
+                    false,
+                    1,
+                    "lru",
+                    UsageHistogram::new(4, 16),
+                );
+                c.budget_bytes = cap as u64 * probe.expert_bytes();
+                drop(probe);
+                c.requests_per_token = per_token;
+                c.prefetch_slots = slots;
+                let store = ExpertStore::new(
+                    std::slice::from_ref(&path),
+                    &specs,
+                    &c,
+                    UsageHistogram::new(4, 16),
+                )
+                .unwrap();
+                let model = recall.map(|r| PrefetchModel {
+                    recall: r,
+                    slots,
+                    seed: 9,
+                });
+                let mut rng = crate::sample::Xoshiro256::seed_from_u64(9);
+                for step in &trace.steps {
+                    for (li, layer) in step.layers.iter().enumerate() {
+                        if let (Some(m), Some(next)) = (model, step.layers.get(li + 1)) {
+                            let guess = predict(next, experts, m.recall, &mut rng);
+                            let guess: Vec<usize> = guess.iter().map(|&e| e as usize).collect();
+                            store.prefetch(next.layer, &guess);
+                        }
+                        for e in layer.unique() {
+                            store.get(Key::new(layer.layer, e as usize)).unwrap();
+                        }
+                    }
+                }
+                let p = policy::build(policy, cap - slots, None, 0.5, per_token).unwrap();
+                let opts = SimOptions {
+                    prefetch: model,
+                    preload: Vec::new(),
+                };
+                let sim = simulate_with(&trace, p, &opts);
+                let st = store.stats();
+                let what = format!("{policy}, prefetch {recall:?}");
+                assert_eq!(st.requests, sim.requests, "{what}");
+                assert_eq!(st.hits + st.inflight_hits, sim.hits, "{what}");
+                assert_eq!(st.misses, sim.misses(), "{what}");
+                assert_eq!(st.prefetch_issued, sim.prefetch_reads, "{what}");
+                assert_eq!(st.prefetch_used, sim.prefetch_used, "{what}");
+                // A prefetch dropped before its read started is skipped: never more reads.
+                assert!(st.reads <= sim.reads(), "{what}");
+                if recall.is_none() {
+                    assert_eq!(st.reads, sim.reads(), "{what}");
+                    assert!(sim.hits > 0 && sim.misses() > 0, "{what}");
+                } else {
+                    assert!(sim.prefetch_used > 0, "{what}");
+                }
+            }
+        }
     }
 
     /// Prefetched experts wait outside the policy: misses in between do not evict them

@@ -133,6 +133,39 @@ impl Trace {
         t
     }
 
+    /// The trace as a store running prompts in chunks of at most `rows` rows sees it: a
+    /// step with more rows is split, in order, into steps of `rows` (the last one shorter).
+    pub fn chunked(&self, rows: usize) -> Trace {
+        let rows = rows.max(1);
+        let mut t = Trace {
+            steps: Vec::with_capacity(self.steps.len()),
+            ..self.clone()
+        };
+        for s in &self.steps {
+            if s.rows <= rows {
+                t.steps.push(s.clone());
+                continue;
+            }
+            for start in (0..s.rows).step_by(rows) {
+                let end = (start + rows).min(s.rows);
+                let cut = |v: &Vec<Vec<f32>>| v.get(start..end).map_or(Vec::new(), <[_]>::to_vec);
+                t.steps.push(TraceStep {
+                    rows: end - start,
+                    layers: s
+                        .layers
+                        .iter()
+                        .map(|l| LayerRoutes {
+                            layer: l.layer,
+                            experts: l.experts[start..end].to_vec(),
+                            weights: cut(&l.weights),
+                        })
+                        .collect(),
+                });
+            }
+        }
+        t
+    }
+
     /// Checks every index against the declared shape.
     pub fn validate(&self, src: &Path) -> Result<()> {
         let bad = |msg: String| Error::CorruptFile {
@@ -347,6 +380,92 @@ impl super::hooks::RouteSource for ZipfRouting {
     }
 }
 
+/// Replays the routing recorded in a trace (benchmarks only: it changes outputs): each row
+/// a model's forward step computes takes the next row of the trace, in order, and every MoE
+/// layer of it routes to the experts that row's layer chose (with their weights; equal
+/// weights when the trace has none). A random-weight model of the same expert topology
+/// (`coli synth --like-trace`) then reads its experts from disk the way the traced model did:
+/// `coli trace --replay-routing`. The model's steps are its own (a prompt chunk, then one row
+/// per decode step); a layer the trace did not record for a row keeps the router's choice;
+/// past the trace's last row it starts again from the first.
+pub struct ReplayRouting {
+    trace: Trace,
+    /// Per row of the trace, in order: (step, row within the step).
+    rows: Vec<(usize, usize)>,
+    /// Per step: model layer → index into the step's layers.
+    layer_at: Vec<std::collections::HashMap<usize, usize>>,
+    /// The model's first MoE layer: a forward step starts there.
+    first_layer: usize,
+    /// (first trace row of the current forward step, its rows).
+    cursor: Mutex<(usize, usize)>,
+}
+
+impl ReplayRouting {
+    /// `first_layer` is the replaying model's first MoE layer.
+    pub fn new(trace: Trace, first_layer: usize) -> Result<ReplayRouting> {
+        let rows: Vec<(usize, usize)> = trace
+            .steps
+            .iter()
+            .enumerate()
+            .flat_map(|(s, st)| (0..st.rows).map(move |r| (s, r)))
+            .collect();
+        if rows.is_empty() {
+            return Err(Error::invalid("replay-routing", "the trace has no rows"));
+        }
+        let layer_at = trace
+            .steps
+            .iter()
+            .map(|st| {
+                st.layers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, l)| (l.layer, i))
+                    .collect()
+            })
+            .collect();
+        Ok(ReplayRouting {
+            trace,
+            rows,
+            layer_at,
+            first_layer,
+            cursor: Mutex::new((0, 0)),
+        })
+    }
+
+    /// Rows of the trace (tokens).
+    pub fn rows(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Rows of the trace's first step (its prompt, when it was recorded as one step).
+    pub fn first_step_rows(&self) -> usize {
+        self.trace.steps.first().map_or(1, |s| s.rows.max(1))
+    }
+}
+
+impl super::hooks::RouteSource for ReplayRouting {
+    fn reroute(&self, layer: usize, routes: &mut [Route]) {
+        let mut c = self.cursor.lock().unwrap_or_else(|e| e.into_inner());
+        if layer == self.first_layer {
+            c.0 += c.1;
+            c.1 = routes.len();
+        }
+        for (i, r) in routes.iter_mut().enumerate() {
+            let (s, row) = self.rows[(c.0 + i) % self.rows.len()];
+            let Some(&li) = self.layer_at[s].get(&layer) else {
+                continue;
+            };
+            let lr = &self.trace.steps[s].layers[li];
+            let experts = &lr.experts[row];
+            r.experts = experts.iter().map(|&e| e as usize).collect();
+            r.weights = match lr.weights.get(row) {
+                Some(w) if w.len() == experts.len() => w.clone(),
+                _ => vec![1.0 / experts.len().max(1) as f32; experts.len()],
+            };
+        }
+    }
+}
+
 /// Records the routing of a model's forward steps into a [`Trace`]: install it as every MoE
 /// block's observer and call [`Recorder::begin_step`] before each step.
 pub struct Recorder {
@@ -483,7 +602,52 @@ mod tests {
         assert_eq!(h.get(Key::new(1, 0)), 1);
         assert_eq!(h.total(), 3 + 2 + 2);
         assert_eq!(t.head(2).steps.len(), 1);
+        let c = t.chunked(1);
+        assert_eq!(c.steps.len(), 3);
+        assert_eq!(c.tokens(), 3);
+        assert_eq!(c.steps[1].layers[0].experts, vec![vec![1, 2]]);
+        assert_eq!(c.steps[1].layers[0].weights, vec![vec![0.5, 0.5]]);
+        c.validate(Path::new("chunked")).unwrap();
+        assert_eq!(t.chunked(512), t);
         assert_eq!(t.head(3).steps.len(), 2);
+    }
+
+    #[test]
+    fn replay_routes_each_row_as_recorded_and_wraps() {
+        use super::super::hooks::RouteSource;
+        let mut t = tiny();
+        t.steps.push(TraceStep {
+            rows: 1,
+            layers: vec![LayerRoutes {
+                layer: 1,
+                experts: vec![vec![2, 3]],
+                weights: vec![],
+            }],
+        });
+        let r = ReplayRouting::new(t, 0).unwrap();
+        assert_eq!((r.rows(), r.first_step_rows()), (3, 2));
+        let route = |e: &[usize]| Route {
+            experts: e.to_vec(),
+            weights: vec![0.5; e.len()],
+        };
+        // A model step of one row, then one of two rows (trace rows 1 and 2).
+        let mut a = vec![route(&[0, 0])];
+        r.reroute(0, &mut a);
+        assert_eq!(a[0].experts, vec![3, 1]);
+        assert_eq!(a[0].weights, vec![0.6, 0.4]);
+        let mut a = vec![route(&[0, 0]), route(&[0, 0])];
+        r.reroute(0, &mut a);
+        // Row 1 is step 0's second row; row 2 (step 1) did not record layer 0: kept.
+        assert_eq!(a[0].experts, vec![1, 2]);
+        assert_eq!(a[1].experts, vec![0, 0]);
+        r.reroute(1, &mut a);
+        assert_eq!(a[0].experts, vec![0, 1]);
+        assert_eq!(a[1].experts, vec![2, 3]);
+        assert_eq!(a[1].weights, vec![0.5, 0.5]);
+        // Past the end: from the first row again.
+        let mut a = vec![route(&[0, 0])];
+        r.reroute(0, &mut a);
+        assert_eq!(a[0].experts, vec![3, 1]);
     }
 
     #[test]

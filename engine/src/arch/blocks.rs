@@ -255,57 +255,10 @@ impl Mlp {
 
 /// `out[row] += w · mlp(x[row])` for every `(mlp, [(row, w)])` term, terms added in the
 /// order given: a MoE layer's routed experts and its shared one in two parallel regions
-/// (gate+up with SiLU, then down with the weighted sum), the input prepared once per format.
-/// `x` and `out` are `n` rows of `hidden` floats.
+/// (every gate and up, then every down), each weight row read once for all the rows routed
+/// to it (`exec::mlps`). `x` and `out` are `n` rows of `hidden` floats.
 pub fn mlps_forward(terms: &[(&Mlp, &[(usize, f32)])], x: &[f32], n: usize, out: &mut [f32]) {
-    if terms.is_empty() || n == 0 {
-        return;
-    }
-    let hidden = terms[0].0.down.rows;
-    // Gates then ups: an up of its gate's format shares the gate's prepared rows (no extra
-    // work); one quantized differently (a C-layout container may) gets its own.
-    let gates_ups: Vec<&Matrix> = (terms.iter().map(|(m, _)| &m.gate))
-        .chain(terms.iter().map(|(m, _)| &m.up))
-        .collect();
-    let (acts, which) = super::exec::prepare_shared(&gates_ups, x, n);
-    let up_of = terms.len();
-    let mut h: Vec<Vec<f32>> = terms
-        .iter()
-        .map(|(m, rows)| vec![0f32; rows.len() * m.gate.rows])
-        .collect();
-    let mut jobs: Vec<super::exec::Gated> = terms
-        .iter()
-        .zip(h.iter_mut())
-        .enumerate()
-        .map(|(t, ((m, rows), out))| super::exec::Gated {
-            gate: &m.gate,
-            up: &m.up,
-            acts: rows.iter().map(|&(r, _)| &acts[which[t]][r]).collect(),
-            up_acts: rows
-                .iter()
-                .map(|&(r, _)| &acts[which[up_of + t]][r])
-                .collect(),
-            out,
-        })
-        .collect();
-    super::exec::gated(&mut jobs);
-    drop(jobs);
-    let prep: Vec<(&Matrix, &[f32], usize)> = terms
-        .iter()
-        .zip(&h)
-        .map(|((m, rows), h)| (&m.down, &h[..], rows.len()))
-        .collect();
-    let down_acts = super::exec::prepare_many(&prep);
-    let downs: Vec<super::exec::Down> = terms
-        .iter()
-        .zip(&down_acts)
-        .map(|((m, rows), a)| super::exec::Down {
-            down: &m.down,
-            acts: a.iter().collect(),
-            rows,
-        })
-        .collect();
-    super::exec::down_accumulate(&downs, out, hidden);
+    super::exec::mlps(terms, x, n, out)
 }
 
 /// Loads weights by name from a checkpoint, checking each shape against the config and

@@ -51,8 +51,18 @@ pub fn matmul(w: &Weights, input: &Input, out: &mut [f32]) {
 /// Several products over the same input, in one parallel region (one fork and join for all
 /// of them).
 pub fn matmul_many(jobs: &mut [(Weights, &mut [f32])], input: &Input) {
-    let n = input.n;
-    for (w, out) in jobs.iter_mut() {
+    let mut each: Vec<(Weights, &Input, &mut [f32])> = jobs
+        .iter_mut()
+        .map(|(w, out)| (*w, input, &mut **out))
+        .collect();
+    matmul_each(&mut each);
+}
+
+/// Products that each read their own input (every routed expert of a step over the rows
+/// routed to it), in one parallel region: `out` of each job is `input.n × w.rows`.
+pub fn matmul_each(jobs: &mut [(Weights, &Input, &mut [f32])]) {
+    for (w, input, out) in jobs.iter_mut() {
+        let n = input.n;
         assert!(
             n == 0 || w.cols == input.cols,
             "matmul: input width {} is not the matrix's {}",
@@ -63,29 +73,29 @@ pub fn matmul_many(jobs: &mut [(Weights, &mut [f32])], input: &Input) {
         assert_eq!(w.data.len(), w.rows * w.format.row_bytes(w.cols));
         assert_eq!(w.scales.len(), w.rows * w.format.scale_row_bytes(w.cols));
         w.int8 = w.int8 && q8_supported(w.format, w.cols);
-        input.prepare_for(w.format, w.int8);
     }
-    if n == 0 {
+    prepare_inputs(jobs);
+    // A job's work: its bytes, read once, applied to each of its rows.
+    let work = |w: &Weights, n: usize| (w.bytes() + 1) * n;
+    let total: usize = jobs.iter().map(|(w, i, _)| work(w, i.n)).sum();
+    if total == 0 {
         return;
     }
-    let outs: Vec<Out> = jobs.iter_mut().map(|(_, o)| Out(o.as_mut_ptr())).collect();
-    let ws: Vec<Weights> = jobs.iter().map(|(w, _)| *w).collect();
-    let total: usize = ws.iter().map(|w| w.bytes() + 1).sum();
     let threads = team::threads();
     // A few tasks per thread (the cores are shared with other work, so smaller pieces
     // balance better), none under 16 rows (one cache line of outputs), nothing parallel for
     // products too small to pay for waking threads.
-    let target = if threads == 1 || total * n < (96 << 10) {
+    let target = if threads == 1 || total < (96 << 10) {
         1
     } else {
         threads * 4
     };
-    let mut tasks: Vec<(usize, usize, usize)> = Vec::with_capacity(target + ws.len());
-    for (j, w) in ws.iter().enumerate() {
-        if w.rows == 0 {
+    let mut tasks: Vec<(usize, usize, usize)> = Vec::with_capacity(target + jobs.len());
+    for (j, (w, input, _)) in jobs.iter().enumerate() {
+        if w.rows == 0 || input.n == 0 {
             continue;
         }
-        let k = (target * (w.bytes() + 1)).div_ceil(total).max(1);
+        let k = (target * work(w, input.n)).div_ceil(total).max(1);
         let chunk = w.rows.div_ceil(k).next_multiple_of(16);
         let mut r = 0;
         while r < w.rows {
@@ -94,11 +104,47 @@ pub fn matmul_many(jobs: &mut [(Weights, &mut [f32])], input: &Input) {
             r = e;
         }
     }
+    let outs: Vec<Out> = jobs
+        .iter_mut()
+        .map(|(_, _, o)| Out(o.as_mut_ptr()))
+        .collect();
+    let jobs: &[(Weights, &Input, &mut [f32])] = jobs;
     team::par_for(tasks.len(), &|k| {
         let (j, r0, r1) = tasks[k];
+        let (w, input, _) = &jobs[j];
         // SAFETY: task `k` alone writes rows r0..r1 of output j, which is n × rows.
-        unsafe { run_rows(&ws[j], input, r0..r1, outs[j].0, ws[j].rows) }
+        unsafe { run_rows(w, input, r0..r1, outs[j].0, w.rows) }
     });
+}
+
+/// Makes the forms each job's input needs before the parallel region (so its tasks find
+/// them ready), the distinct inputs side by side when there are many of them (a prefill's
+/// experts each read their own rows).
+fn prepare_inputs(jobs: &[(Weights, &Input, &mut [f32])]) {
+    let mut distinct: Vec<(&Input, Vec<(WeightFormat, bool)>)> = Vec::new();
+    for (w, input, _) in jobs {
+        if input.n == 0 {
+            continue;
+        }
+        let form = (w.format, w.int8);
+        match distinct.iter_mut().find(|(i, _)| std::ptr::eq(*i, *input)) {
+            Some((_, forms)) if !forms.contains(&form) => forms.push(form),
+            Some(_) => {}
+            None => distinct.push((input, vec![form])),
+        }
+    }
+    let elems: usize = distinct.iter().map(|(i, _)| i.n * i.cols).sum();
+    let one = |k: usize| {
+        let (input, forms) = &distinct[k];
+        for &(format, int8) in forms {
+            input.prepare_for(format, int8);
+        }
+    };
+    if distinct.len() > 1 && elems >= 1 << 15 {
+        team::par_for(distinct.len(), &one);
+    } else {
+        (0..distinct.len()).for_each(one);
+    }
 }
 
 /// `out[t * ld + r]` for `r` in `rows` and every token, on the level's kernels.
@@ -118,13 +164,13 @@ unsafe fn run_rows(
         // input was prepared for this format by `matmul_many`.
         Level::Avx2 if tiled(w.format, w.cols) => super::avx2::matmul_rows(w, input, rows, out, ld),
         _ => {
-            // The per-row kernels: each token prepared once, every row against it (other
-            // levels, the colibri C engine's int3/int2 rows, and groups the tiles' scale
-            // windows cannot express).
-            for t in 0..input.n {
-                let a = super::prepare(w.format, input.row(t), w.int8);
+            // The per-row kernels, every row against each token prepared once for the
+            // region (other levels, the colibri C engine's int3/int2 rows, and groups the
+            // tiles' scale windows cannot express).
+            let acts = input.acts(w.format, w.int8);
+            for (t, a) in acts.iter().enumerate() {
                 for r in rows.clone() {
-                    *out.add(t * ld + r) = super::dot_act(w.format, w.row(r), w.srow(r), &a);
+                    *out.add(t * ld + r) = super::dot_act(w.format, w.row(r), w.srow(r), a);
                 }
             }
         }

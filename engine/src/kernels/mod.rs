@@ -30,9 +30,9 @@ pub mod team;
 
 use crate::tensor::WeightFormat;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 
-pub use matmul::{matmul, matmul_many, Weights};
+pub use matmul::{matmul, matmul_each, matmul_many, Weights};
 pub use scalar::dot_f32 as dot_f32_scalar;
 
 /// Elements per activation-quantization block (and per int2 packing block).
@@ -520,7 +520,11 @@ pub struct Input<'a> {
     q8_i4: OnceLock<Q8I4Panel>,
     x_panel: OnceLock<F32Panel>,
     x_i4: OnceLock<F32Panel>,
+    /// Rows prepared one by one for the per-row kernels, per (format, int8).
+    per_row: Mutex<Vec<PerRow>>,
 }
+
+type PerRow = ((WeightFormat, bool), Arc<[Act]>);
 
 impl<'a> Input<'a> {
     /// `n` rows of `x.len() / n` activations.
@@ -545,7 +549,23 @@ impl<'a> Input<'a> {
             q8_i4: OnceLock::new(),
             x_panel: OnceLock::new(),
             x_i4: OnceLock::new(),
+            per_row: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Every row prepared for `format`'s per-row kernels (made on first use, then shared by
+    /// every task that reads this input).
+    pub fn acts(&self, format: WeightFormat, int8: bool) -> Arc<[Act]> {
+        let key = (format, int8);
+        let mut made = self.per_row.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, a)) = made.iter().find(|(k, _)| *k == key) {
+            return a.clone();
+        }
+        let a: Arc<[Act]> = (0..self.n)
+            .map(|t| prepare(format, self.row(t), int8))
+            .collect();
+        made.push((key, a.clone()));
+        a
     }
 
     /// Row `t`, f32.
@@ -713,8 +733,8 @@ impl<'a> Input<'a> {
     /// Makes the forms `format` (with or without int8 activations) needs, so the parallel
     /// kernels find them ready.
     pub fn prepare_for(&self, format: WeightFormat, int8: bool) {
-        // Formats without tiles prepare each row themselves (matmul.rs).
         if level() != Level::Avx2 || !matmul::tiled(format, self.cols) {
+            self.acts(format, int8);
             return;
         }
         if int8 {

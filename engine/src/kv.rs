@@ -237,6 +237,71 @@ pub mod ops {
         }
     }
 
+    /// `scores[h * len + j] = dot(qs[h], k at position first + j) · scale` for the `g` query
+    /// heads `qs` (`g × hd`) over `len` positions of one kv head (`hd` elements at `off` of
+    /// every `width`-element position): one call per head group instead of one per position.
+    #[allow(clippy::too_many_arguments)]
+    pub fn group_scores(
+        k: &super::KvBuf,
+        width: usize,
+        off: usize,
+        hd: usize,
+        first: usize,
+        qs: &[f32],
+        scale: f32,
+        scores: &mut [f32],
+    ) {
+        let g = qs.len() / hd;
+        let len = scores.len() / g.max(1);
+        match k {
+            #[cfg(target_arch = "x86_64")]
+            super::KvBuf::F16(kv) if avx2() => {
+                // SAFETY: as in `dot_f16`; every row read is inside `kv` (checked below).
+                assert!(len == 0 || (first + len - 1) * width + off + hd <= kv.len());
+                unsafe { x86::group_scores(kv, width, off, hd, first, qs, scale, scores) }
+            }
+            _ => {
+                for j in 0..len {
+                    let row = k.row((first + j) * width + off, hd);
+                    for (h, q) in qs.chunks_exact(hd).enumerate() {
+                        scores[h * len + j] = row.dot(q) * scale;
+                    }
+                }
+            }
+        }
+    }
+
+    /// `o[h] += Σ_j w[h * len + j] · v at position first + j`, the value side of
+    /// [`group_scores`].
+    pub fn group_values(
+        v: &super::KvBuf,
+        width: usize,
+        off: usize,
+        hd: usize,
+        first: usize,
+        w: &[f32],
+        o: &mut [f32],
+    ) {
+        let g = o.len() / hd;
+        let len = w.len() / g.max(1);
+        match v {
+            #[cfg(target_arch = "x86_64")]
+            super::KvBuf::F16(kv) if avx2() => {
+                assert!(len == 0 || (first + len - 1) * width + off + hd <= kv.len());
+                // SAFETY: as in `group_scores`.
+                unsafe { x86::group_values(kv, width, off, hd, first, w, o) }
+            }
+            _ => {
+                for j in 0..len {
+                    let row = v.row((first + j) * width + off, hd);
+                    for (h, oh) in o.chunks_exact_mut(hd).enumerate() {
+                        row.axpy_to(oh, w[h * len + j]);
+                    }
+                }
+            }
+        }
+    }
+
     /// The reference the SIMD paths are tested against.
     pub fn dot_f16_scalar(q: &[f32], k: &[f16]) -> f32 {
         q.iter().zip(k).map(|(a, b)| a * b.to_f32()).sum()
@@ -260,8 +325,16 @@ pub mod ops {
 
         #[target_feature(enable = "avx2,fma,f16c")]
         pub unsafe fn dot_f16(q: &[f32], k: &[f16]) -> f32 {
-            let n = q.len().min(k.len());
-            let (pq, pk) = (q.as_ptr(), k.as_ptr());
+            dot(q.as_ptr(), k.as_ptr(), q.len().min(k.len()))
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn axpy_f16(o: &mut [f32], w: f32, v: &[f16]) {
+            axpy(o.as_mut_ptr(), w, v.as_ptr(), o.len().min(v.len()))
+        }
+
+        #[inline(always)]
+        unsafe fn dot(pq: *const f32, pk: *const f16, n: usize) -> f32 {
             let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
             let mut i = 0;
             while i + 16 <= n {
@@ -279,16 +352,14 @@ pub mod ops {
             let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
             let mut s = _mm_cvtss_f32(s);
             while i < n {
-                s += q[i] * k[i].to_f32();
+                s += *pq.add(i) * (*pk.add(i)).to_f32();
                 i += 1;
             }
             s
         }
 
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn axpy_f16(o: &mut [f32], w: f32, v: &[f16]) {
-            let n = o.len().min(v.len());
-            let (po, pv) = (o.as_mut_ptr(), v.as_ptr());
+        #[inline(always)]
+        unsafe fn axpy(po: *mut f32, w: f32, pv: *const f16, n: usize) {
             let wv = _mm256_set1_ps(w);
             let mut i = 0;
             while i + 8 <= n {
@@ -297,8 +368,80 @@ pub mod ops {
                 i += 8;
             }
             while i < n {
-                o[i] += w * v[i].to_f32();
+                *po.add(i) += w * (*pv.add(i)).to_f32();
                 i += 1;
+            }
+        }
+
+        /// Positions ahead to prefetch: the cache of one head is strided by `width` (4 KiB
+        /// and more on real models: a new page per position), which the hardware
+        /// prefetchers do not follow.
+        const AHEAD: usize = 4;
+
+        /// Prefetches every cache line of one head's `hd` values at `p`.
+        #[inline(always)]
+        unsafe fn prefetch_row(p: *const f16, hd: usize) {
+            let (p, bytes) = (p as *const i8, hd * std::mem::size_of::<f16>());
+            let mut off = 0;
+            while off < bytes {
+                _mm_prefetch::<_MM_HINT_T0>(p.add(off));
+                off += 64;
+            }
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn group_scores(
+            k: &[f16],
+            width: usize,
+            off: usize,
+            hd: usize,
+            first: usize,
+            qs: &[f32],
+            scale: f32,
+            scores: &mut [f32],
+        ) {
+            let g = qs.len() / hd;
+            let len = scores.len() / g;
+            let base = k.as_ptr().add(off);
+            for j in 0..len {
+                let row = base.add((first + j) * width);
+                if j + AHEAD < len {
+                    prefetch_row(row.add(AHEAD * width), hd);
+                }
+                for h in 0..g {
+                    *scores.get_unchecked_mut(h * len + j) =
+                        dot(qs.as_ptr().add(h * hd), row, hd) * scale;
+                }
+            }
+        }
+
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn group_values(
+            v: &[f16],
+            width: usize,
+            off: usize,
+            hd: usize,
+            first: usize,
+            w: &[f32],
+            o: &mut [f32],
+        ) {
+            let g = o.len() / hd;
+            let len = w.len() / g;
+            let base = v.as_ptr().add(off);
+            for j in 0..len {
+                let row = base.add((first + j) * width);
+                if j + AHEAD < len {
+                    prefetch_row(row.add(AHEAD * width), hd);
+                }
+                for h in 0..g {
+                    axpy(
+                        o.as_mut_ptr().add(h * hd),
+                        *w.get_unchecked(h * len + j),
+                        row,
+                        hd,
+                    );
+                }
             }
         }
 
@@ -751,6 +894,33 @@ mod tests {
             let mut f = vec![0f32; n];
             KvRow::F16(&k).to_f32(&mut f);
             assert!(f.iter().zip(&k).all(|(a, b)| *a == b.to_f32()));
+        }
+        // Whole head groups: 3 query heads over 37 positions of a 2-head cache (head 1).
+        let (hd, width, len, g) = (40, 80, 37, 3);
+        let kf: Vec<f32> = (0..len * width).map(|_| rnd()).collect();
+        let mut kb = KvBuf::new(KvDtype::F16);
+        kb.extend_from_f32(&kf);
+        let qs: Vec<f32> = (0..g * hd).map(|_| rnd()).collect();
+        let mut sc = vec![0f32; g * (len - 2)];
+        ops::group_scores(&kb, width, hd, hd, 2, &qs, 0.5, &mut sc);
+        let mut o = vec![0f32; g * hd];
+        ops::group_values(&kb, width, hd, hd, 2, &sc, &mut o);
+        let KvBuf::F16(kh) = &kb else { unreachable!() };
+        for h in 0..g {
+            let mut want_o = vec![0f32; hd];
+            for j in 0..len - 2 {
+                let row = &kh[(2 + j) * width + hd..(2 + j) * width + 2 * hd];
+                let want = ops::dot_f16_scalar(&qs[h * hd..(h + 1) * hd], row) * 0.5;
+                let got = sc[h * (len - 2) + j];
+                assert!(
+                    (got - want).abs() <= 1e-5,
+                    "scores {h} {j}: {got} vs {want}"
+                );
+                ops::axpy_f16_scalar(&mut want_o, got, row);
+            }
+            for (a, b) in o[h * hd..(h + 1) * hd].iter().zip(&want_o) {
+                assert!((a - b).abs() <= 1e-4, "values {h}");
+            }
         }
         // Out of range values are clamped, never infinite.
         let mut b = KvBuf::new(KvDtype::F16);

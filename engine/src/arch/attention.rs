@@ -1,11 +1,10 @@
 //! Grouped-query attention with a standard KV cache (OLMoE, Qwen3-MoE, Mixtral, GLM-4.5).
 
-use super::blocks::{axpy, RmsNorm, Rope};
+use super::blocks::{RmsNorm, Rope};
 use super::profile::{self, Phase};
 use super::simd::softmax_fast;
 use super::{exec, BatchRows};
-use crate::kernels::dot_f32;
-use crate::kv::{KvBuf, KvCache};
+use crate::kv::{ops as kv_ops, KvBuf, KvCache};
 use crate::tensor::Linear;
 use rayon::prelude::*;
 
@@ -224,35 +223,22 @@ impl HeadGroup<'_> {
         let hd = self.head_dim;
         let g = qs.len() / hd;
         let len = span.len();
-        exec::with_scratch(g * len + hd, |s| {
-            let (scores, row) = s.split_at_mut(g * len);
-            for (j, t) in span.clone().enumerate() {
-                let kr = self.k.row(t * self.width + self.offset, hd);
-                if g == 1 {
-                    scores[j] = kr.dot(qs) * self.scale;
-                } else {
-                    // Converted once, read by every head of the group.
-                    kr.to_f32(row);
-                    for (h, q) in qs.chunks_exact(hd).enumerate() {
-                        scores[h * len + j] = dot_f32(q, row) * self.scale;
-                    }
-                }
-            }
+        exec::with_scratch(g * len, |scores| {
+            kv_ops::group_scores(
+                self.k,
+                self.width,
+                self.offset,
+                hd,
+                span.start,
+                qs,
+                self.scale,
+                scores,
+            );
             for sc in scores.chunks_exact_mut(len) {
                 softmax_fast(sc);
             }
             o.fill(0.0);
-            for (j, t) in span.enumerate() {
-                let vr = self.v.row(t * self.width + self.offset, hd);
-                if g == 1 {
-                    vr.axpy_to(o, scores[j]);
-                } else {
-                    vr.to_f32(row);
-                    for (h, oh) in o.chunks_exact_mut(hd).enumerate() {
-                        axpy(oh, scores[h * len + j], row);
-                    }
-                }
-            }
+            kv_ops::group_values(self.v, self.width, self.offset, hd, span.start, scores, o);
         });
     }
 }

@@ -466,6 +466,7 @@ async fn prefill_phase(
     // Decoding sessions run until told to stop (their streams are dropped: cancelled).
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let room = max_context.saturating_sub(prompt + 1).max(1);
+    let status0 = model_status(c).await?;
     let tasks: Vec<_> = (0..n)
         .map(|k| {
             let ids = prompts.get(500 + k, prompt);
@@ -478,15 +479,19 @@ async fn prefill_phase(
             ))
         })
         .collect();
-    // Let them reach a steady cadence (a few seconds of decoding), then send the prompt.
+    // Let them reach a steady cadence (every prompt fed, then a few tokens each), then send
+    // the prompt.
     let settle = Instant::now();
-    let status0 = model_status(c).await?;
+    let mut fed_at: Option<u64> = None;
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let st = model_status(c).await?;
-        if st.tokens_generated >= status0.tokens_generated + (16 * n) as u64
-            || settle.elapsed() > Duration::from_secs(120)
+        if fed_at.is_none() && st.tokens_prefilled >= status0.tokens_prefilled + (n * prompt) as u64
         {
+            fed_at = Some(st.tokens_generated);
+        }
+        let steady = fed_at.is_some_and(|g| st.tokens_generated >= g + (16 * n) as u64);
+        if steady || settle.elapsed() > Duration::from_secs(120) {
             break;
         }
     }

@@ -19,6 +19,7 @@ pub mod daemon;
 pub mod http;
 pub mod limits;
 pub mod memory;
+pub mod pacer;
 pub mod prefix;
 pub mod scheduler;
 pub mod server;

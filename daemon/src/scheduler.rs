@@ -14,6 +14,7 @@
 
 use crate::convert::{self, now_unix_ms, status_from_engine};
 use crate::limits;
+use crate::pacer::PrefillPacer;
 use crate::prefix::{Policy, PrefixCache};
 use crate::snapshot::{self, SessionMeta, SnapshotError, SnapshotMessage};
 use crate::state::{self, StateDir};
@@ -134,8 +135,12 @@ pub enum Job {
 pub struct EngineConfig {
     /// Generations stepped together at most; more wait in the queue.
     pub max_batch: usize,
-    /// Prompt tokens per step while other sequences are decoding.
+    /// Prompt tokens per step while other sequences are decoding, at most.
     pub prefill_chunk: usize,
+    /// While others decode, a step with a prompt chunk may take this many times a
+    /// decode-only step (the chunk is sized from measured step times; 0 = always
+    /// `prefill_chunk`). See [`crate::pacer`].
+    pub prefill_pace: f64,
     /// Prompt tokens per step when nothing else is decoding.
     pub solo_prefill_chunk: usize,
     /// A session idle this long is snapshotted to disk.
@@ -323,6 +328,8 @@ pub struct Engine {
     tokens_prefilled: u64,
     /// Time spent in `Model::forward`.
     forward_time: Duration,
+    /// The prompt chunk while others decode, from measured step times.
+    pacer: PrefillPacer,
     idle_since: Option<Instant>,
     /// KV of finished requests, reused by later ones with the same prefix.
     prefix: PrefixCache<KvCache>,
@@ -362,6 +369,7 @@ impl Engine {
             tokens_generated: 0,
             tokens_prefilled: 0,
             forward_time: Duration::ZERO,
+            pacer: PrefillPacer::new(cfg.prefill_chunk, cfg.prefill_pace),
             idle_since: Some(Instant::now()),
             prefix: PrefixCache::new(cfg.prefix_cache_bytes, cfg.prefix_cache_policy),
             grammar: None,
@@ -1060,17 +1068,17 @@ impl Engine {
     fn step(&mut self) {
         let decoding = self.active.iter().any(Row::is_decode);
         let chunk = if decoding {
-            self.cfg.prefill_chunk
+            self.pacer.chunk()
         } else {
-            self.cfg.solo_prefill_chunk
-        }
-        .max(1);
+            self.cfg.solo_prefill_chunk.max(1)
+        };
         let model = Arc::clone(&self.model);
         // Every decode row (its pending token, with drafts after it when drafting), plus the
         // first row (in arrival order) that still has prompt to feed.
         let mut picked: Vec<Picked> = Vec::new();
         let mut failed: Vec<(usize, Status)> = Vec::new();
-        let mut prefill_taken = false;
+        // A chunk of 0: the pacer wants a decode-only step (no prompt row this time).
+        let mut prefill_taken = chunk == 0;
         for (i, row) in self.active.iter_mut().enumerate() {
             match row {
                 Row::Gen(g) if g.prompt_left == 0 || !prefill_taken => {
@@ -1126,6 +1134,11 @@ impl Engine {
             return;
         }
         let with_hidden = picked.iter().any(|p| p.hidden != LogitsWanted::None);
+        let prompt_tokens: usize = picked
+            .iter()
+            .filter(|p| !self.active[p.i].is_decode())
+            .map(|p| p.tokens.len())
+            .sum();
         let t = Instant::now();
         let result = {
             let mut steps = Vec::with_capacity(picked.len());
@@ -1172,6 +1185,7 @@ impl Engine {
         };
         let seconds = t.elapsed();
         self.forward_time += seconds;
+        self.pacer.record(seconds, decoding, prompt_tokens);
         self.steps += 1;
         let (out, hidden) = match result {
             Ok(Ok(out)) => out,

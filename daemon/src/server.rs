@@ -38,9 +38,14 @@ pub struct Args {
     /// Requests per model that may wait beyond --max-batch before RESOURCE_EXHAUSTED.
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
-    /// Prompt tokens fed per step while other sessions are decoding.
+    /// Prompt tokens fed per step while other sessions are decoding, at most.
     #[arg(long, default_value_t = 64)]
     pub prefill_chunk: usize,
+    /// While other sessions are decoding, a step that also feeds a prompt may take this many
+    /// times a decode-only step: the prompt chunk is sized from measured step times, so a
+    /// long prompt never stalls running sessions for long (0 = always --prefill-chunk).
+    #[arg(long, value_name = "X", default_value_t = 2.5)]
+    pub prefill_pace: f64,
     /// Prompt tokens fed per step when nothing else is decoding.
     #[arg(long, default_value_t = 512)]
     pub solo_prefill_chunk: usize,
@@ -145,6 +150,7 @@ pub fn run(args: Args, memory: crate::memory::Policy) -> anyhow::Result<()> {
         engine: EngineConfig {
             max_batch: args.max_batch.max(1),
             prefill_chunk: args.prefill_chunk.max(1),
+            prefill_pace: args.prefill_pace,
             solo_prefill_chunk: args.solo_prefill_chunk.max(1),
             session_save_after: Duration::from_secs_f64(args.session_save_after.max(0.0)),
             prefix_cache_bytes: (args.prefix_cache as usize) << 20,

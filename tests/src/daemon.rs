@@ -5,6 +5,7 @@
 //! same target directory and profile as the running test (once per test process), unless
 //! `COLIBRID_BIN` / `COLI_BIN` point at a prebuilt binary.
 
+use colibri_proto::v1 as pb;
 use colibri_proto::v1::colibri_client::ColibriClient;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -195,4 +196,33 @@ impl Drop for Daemon {
             let _ = self.child.wait();
         }
     }
+}
+
+/// Loads `model` (a folder, or an id the daemon knows) through LoadModel, reads its progress
+/// to the end and returns the loaded model's info (the last message must say Ready).
+pub async fn load_model(
+    c: &mut ColibriClient<Channel>,
+    model: &str,
+    expert_cache_bytes: Option<u64>,
+) -> pb::ModelInfo {
+    let mut s = c
+        .load_model(pb::LoadModelRequest {
+            model: model.to_string(),
+            expert_cache_bytes,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("LoadModel {model}: {e}"))
+        .into_inner();
+    let mut last = None;
+    while let Some(p) = s.message().await.unwrap() {
+        last = Some(p);
+    }
+    let last = last.expect("LoadModel sent progress");
+    assert_eq!(
+        last.stage,
+        pb::load_model_progress::Stage::Ready as i32,
+        "LoadModel {model} ended before Ready"
+    );
+    last.info
+        .expect("the Ready message carries the model's info")
 }

@@ -34,6 +34,25 @@ fn ids(v: &serde_json::Value, key: &str) -> Vec<u32> {
 }
 
 impl Reference {
+    /// Greedy-decodes `prompt_ids` with `model` in process and asserts transformers'
+    /// `greedy_ids` (`what` names the model in the failure).
+    pub fn assert_greedy(&self, model: &colibri_engine::Model, what: &str) {
+        let req = colibri_engine::GenerateRequest {
+            prompt: self.prompt_ids.clone(),
+            max_tokens: self.greedy_ids.len(),
+            sampling: colibri_engine::SamplingParams::default(),
+            ignore_eos: true,
+            ..Default::default()
+        };
+        let mut g = colibri_engine::Generation::new(model, model.new_cache(), req).unwrap();
+        g.run(model, 64, |_| {}).unwrap();
+        assert_eq!(
+            g.generated(),
+            &self.greedy_ids[..],
+            "{what}: greedy continuation"
+        );
+    }
+
     pub fn load(family: &str) -> Reference {
         let path = fixture(family).join("ref.json");
         let text =

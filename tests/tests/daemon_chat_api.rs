@@ -3,7 +3,7 @@
 //! back), structured output, logprobs, frequency/presence penalties and the prefix cache.
 
 use colibri_proto::v1 as pb;
-use colibri_tests::daemon::Daemon;
+use colibri_tests::daemon::{load_model, Daemon};
 use colibri_tests::fixture;
 use pb::colibri_client::ColibriClient;
 use pb::generate_event::Event;
@@ -77,19 +77,7 @@ async fn collect(mut s: tonic::Streaming<pb::GenerateEvent>) -> Result<Run, Stat
 }
 
 async fn load(c: &mut ColibriClient<Channel>, dir: &Path) -> pb::ModelInfo {
-    let mut s = c
-        .load_model(pb::LoadModelRequest {
-            model: dir.display().to_string(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut last = None;
-    while let Some(p) = s.message().await.unwrap() {
-        last = Some(p);
-    }
-    last.unwrap().info.unwrap()
+    load_model(c, &dir.display().to_string(), None).await
 }
 
 fn user(text: &str) -> pb::ChatMessage {

@@ -3,7 +3,7 @@
 
 use colibri_engine::{GenerateRequest, Generation, Model, SamplingParams};
 use colibri_proto::v1 as pb;
-use colibri_tests::daemon::Daemon;
+use colibri_tests::daemon::{load_model, Daemon};
 use colibri_tests::{fixture, Reference};
 use pb::colibri_client::ColibriClient;
 use pb::generate_event::Event;
@@ -99,21 +99,7 @@ fn greedy(model: &str, prompt: &[u32], max_tokens: u32) -> pb::GenerateRequest {
 
 /// Loads a fixture through LoadModel and returns its canonical id.
 async fn load(c: &mut ColibriClient<Channel>, dir: &Path) -> String {
-    let mut s = c
-        .load_model(pb::LoadModelRequest {
-            model: dir.display().to_string(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut last = None;
-    while let Some(p) = s.message().await.unwrap() {
-        last = Some(p);
-    }
-    let last = last.expect("LoadModel sent progress");
-    assert_eq!(last.stage, pb::load_model_progress::Stage::Ready as i32);
-    last.info.unwrap().id
+    load_model(c, &dir.display().to_string(), None).await.id
 }
 
 /// The in-process answer: `Generation::run` on the same model.

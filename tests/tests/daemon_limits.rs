@@ -5,7 +5,7 @@
 
 use colibri_engine::Model;
 use colibri_proto::v1 as pb;
-use colibri_tests::daemon::Daemon;
+use colibri_tests::daemon::{load_model, Daemon};
 use colibri_tests::fixture;
 use pb::colibri_client::ColibriClient;
 use tonic::transport::Channel;
@@ -24,21 +24,9 @@ fn options(max_tokens: u32) -> Option<pb::GenerationOptions> {
 }
 
 async fn load(c: &mut ColibriClient<Channel>) -> String {
-    let mut s = c
-        .load_model(pb::LoadModelRequest {
-            model: fixture("olmoe").display().to_string(),
-            ..Default::default()
-        })
+    load_model(c, &fixture("olmoe").display().to_string(), None)
         .await
-        .unwrap()
-        .into_inner();
-    let mut id = String::new();
-    while let Some(p) = s.message().await.unwrap() {
-        if let Some(info) = p.info {
-            id = info.id;
-        }
-    }
-    id
+        .id
 }
 
 async fn gen_ids(

@@ -5,7 +5,7 @@
 //! whose MTP cache is missing.
 
 use colibri_proto::v1 as pb;
-use colibri_tests::daemon::Daemon;
+use colibri_tests::daemon::{load_model, Daemon};
 use colibri_tests::http::post_json;
 use colibri_tests::{fixture, Reference};
 use pb::colibri_client::ColibriClient;
@@ -60,19 +60,7 @@ fn greedy(
 }
 
 async fn load(c: &mut ColibriClient<Channel>, dir: &Path) -> String {
-    let mut s = c
-        .load_model(pb::LoadModelRequest {
-            model: dir.display().to_string(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut last = None;
-    while let Some(p) = s.message().await.unwrap() {
-        last = Some(p);
-    }
-    last.expect("LoadModel sent progress").info.unwrap().id
+    load_model(c, &dir.display().to_string(), None).await.id
 }
 
 fn spec(run: &Run) -> &pb::SpeculationStats {

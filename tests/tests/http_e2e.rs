@@ -4,7 +4,7 @@
 
 use colibri_engine::{GenerateRequest, Generation, Model, SamplingParams};
 use colibri_proto::v1 as pb;
-use colibri_tests::daemon::Daemon;
+use colibri_tests::daemon::{load_model, Daemon};
 use colibri_tests::fixture;
 use colibri_tests::http::{self, get, post_json, request};
 use pb::colibri_client::ColibriClient;
@@ -67,21 +67,7 @@ async fn serve_env(
 }
 
 async fn load(c: &mut ColibriClient<Channel>, dir: &Path) -> String {
-    let mut s = c
-        .load_model(pb::LoadModelRequest {
-            model: dir.display().to_string(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut id = String::new();
-    while let Some(p) = s.message().await.unwrap() {
-        if let Some(i) = p.info {
-            id = i.id;
-        }
-    }
-    id
+    load_model(c, &dir.display().to_string(), None).await.id
 }
 
 /// Runs blocking socket I/O off the async runtime.

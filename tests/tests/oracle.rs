@@ -1,7 +1,7 @@
 //! The engine against Hugging Face transformers: every fixture family's teacher-forced
 //! logits, argmax, 20-token greedy continuation, and KV-cache consistency.
 
-use colibri_engine::{GenerateRequest, Generation, LogitsWanted, Model, SamplingParams, SeqStep};
+use colibri_engine::{LogitsWanted, Model, SeqStep};
 use colibri_tests::{fixture, max_abs_diff, top2, Reference};
 
 /// Families whose fixtures must match transformers.
@@ -46,21 +46,7 @@ fn check_teacher_forced(family: &str) {
 
 fn check_greedy(family: &str) {
     let model = Model::load(&fixture(family)).unwrap();
-    let r = Reference::load(family);
-    let req = GenerateRequest {
-        prompt: r.prompt_ids.clone(),
-        max_tokens: r.greedy_ids.len(),
-        sampling: SamplingParams::default(),
-        ignore_eos: true,
-        ..Default::default()
-    };
-    let mut g = Generation::new(&model, model.new_cache(), req).unwrap();
-    g.run(&model, 64, |_| {}).unwrap();
-    assert_eq!(
-        g.generated(),
-        &r.greedy_ids[..],
-        "{family}: greedy continuation"
-    );
+    Reference::load(family).assert_greedy(&model, family);
 }
 
 /// Prefill of the prompt then one token at a time gives the one-pass logits.

@@ -316,7 +316,6 @@ fn sampled_output_has_the_model_distribution() {
 /// the cache one pass over the final sequence builds.
 #[test]
 fn mtp_cache_after_speculation_equals_one_pass() {
-    use colibri_engine::{LogitsWanted, SeqStep};
     for family in ["deepseek_v3", "glm_moe_dsa"] {
         let model = Model::load(&fixture(family)).unwrap();
         let r = Reference::load(family);
@@ -334,20 +333,7 @@ fn mtp_cache_after_speculation_equals_one_pass() {
             m > r.prompt_ids.len(),
             "{family}: the MTP layer saw generated positions"
         );
-        let seq = &r.input_ids;
-        let mut cache = model.new_cache();
-        let mut step = [SeqStep {
-            cache: &mut cache,
-            tokens: &seq[..m],
-            logits: LogitsWanted::None,
-        }];
-        let (_, hidden) = model
-            .net
-            .forward_with_hidden(&mut step, &[LogitsWanted::All]);
-        let mut want = model.net.new_mtp_cache(0);
-        model
-            .net
-            .mtp_forward(0, &mut want, &seq[1..m + 1], &hidden[0], LogitsWanted::None);
+        let want = mtp_cache_in_one_pass(&model, &r.input_ids, m);
         let (a, b) = (&got.layers[0], &want.layers[0]);
         assert_eq!(
             (a.k.len(), a.extra.len()),
@@ -430,7 +416,6 @@ fn asking_for_drafts_without_mtp_is_an_error() {
 /// Without that MTP cache, asking for drafts is refused and Auto decodes plainly.
 #[test]
 fn continued_sequence_drafts_with_the_mtp_cache_it_left() {
-    use colibri_engine::{LogitsWanted, SeqStep};
     for family in ["deepseek_v3", "glm_moe_dsa"] {
         let model = Model::load(&fixture(family)).unwrap();
         let r = Reference::load(family);
@@ -491,20 +476,7 @@ fn continued_sequence_drafts_with_the_mtp_cache_it_left() {
             // The MTP cache equals one pass over the sequence.
             let got = s.mtp_cache().unwrap();
             let m = got.len();
-            let seq = &r.input_ids;
-            let mut cache = model.new_cache();
-            let mut step = [SeqStep {
-                cache: &mut cache,
-                tokens: &seq[..m],
-                logits: LogitsWanted::None,
-            }];
-            let (_, hidden) = model
-                .net
-                .forward_with_hidden(&mut step, &[LogitsWanted::All]);
-            let mut want = model.net.new_mtp_cache(0);
-            model
-                .net
-                .mtp_forward(0, &mut want, &seq[1..m + 1], &hidden[0], LogitsWanted::None);
+            let want = mtp_cache_in_one_pass(&model, &r.input_ids, m);
             let d = colibri_tests::max_abs_diff(
                 &got.layers[0].k.to_f32_vec(),
                 &want.layers[0].k.to_f32_vec(),
@@ -516,4 +488,25 @@ fn continued_sequence_drafts_with_the_mtp_cache_it_left() {
             assert!(d < 1e-4, "{family}: MTP cache differs by {d}");
         }
     }
+}
+
+/// The MTP layer's cache of the first `m` positions of `seq`, computed in one pass (the
+/// main model's hidden states of `seq[..m]`, the MTP layer fed `seq[1..m + 1]`): what
+/// drafting step by step must have left.
+fn mtp_cache_in_one_pass(model: &Model, seq: &[u32], m: usize) -> colibri_engine::KvCache {
+    use colibri_engine::{LogitsWanted, SeqStep};
+    let mut cache = model.new_cache();
+    let mut step = [SeqStep {
+        cache: &mut cache,
+        tokens: &seq[..m],
+        logits: LogitsWanted::None,
+    }];
+    let (_, hidden) = model
+        .net
+        .forward_with_hidden(&mut step, &[LogitsWanted::All]);
+    let mut want = model.net.new_mtp_cache(0);
+    model
+        .net
+        .mtp_forward(0, &mut want, &seq[1..m + 1], &hidden[0], LogitsWanted::None);
+    want
 }

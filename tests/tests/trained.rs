@@ -4,9 +4,9 @@
 //! (`tests/fixtures/trained/<model>/ref.json`) were computed by tools/train/reference.py.
 
 use colibri_engine::perplexity;
-use colibri_engine::{GenerateRequest, Generation, Model, SamplingParams};
+use colibri_engine::Model;
 use colibri_proto::v1 as pb;
-use colibri_tests::daemon::Daemon;
+use colibri_tests::daemon::{load_model, Daemon};
 use colibri_tests::{fixture, max_abs_diff, top2, Reference};
 use std::path::PathBuf;
 use tonic::Code;
@@ -100,24 +100,7 @@ fn check_teacher_forced(name: &str) {
 
 fn check_greedy(name: &str) {
     let model = Model::load(&model_dir(name)).unwrap();
-    let r = reference(name);
-    let req = GenerateRequest {
-        prompt: r.prompt_ids.clone(),
-        max_tokens: r.greedy_ids.len(),
-        sampling: SamplingParams {
-            temperature: 0.0,
-            ..SamplingParams::default()
-        },
-        ignore_eos: true,
-        ..Default::default()
-    };
-    let mut g = Generation::new(&model, model.new_cache(), req).unwrap();
-    g.run(&model, 64, |_| {}).unwrap();
-    assert_eq!(
-        g.generated(),
-        &r.greedy_ids[..],
-        "{name}: greedy continuation"
-    );
+    reference(name).assert_greedy(&model, name);
 }
 
 fn check_perplexity(name: &str) {
@@ -188,15 +171,7 @@ fn place() -> (tempfile::TempDir, PathBuf, PathBuf) {
 }
 
 async fn load(c: &mut pb::colibri_client::ColibriClient<tonic::transport::Channel>, id: &str) {
-    let mut s = c
-        .load_model(pb::LoadModelRequest {
-            model: id.to_string(),
-            expert_cache_bytes: None,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    while s.message().await.unwrap().is_some() {}
+    load_model(c, id, None).await;
 }
 
 /// The daemon's Perplexity RPC streams one message per window and ends with the totals

@@ -6,7 +6,7 @@
 //! tools/web_e2e.py (CI).
 
 use colibri_proto::v1 as pb;
-use colibri_tests::daemon::{workspace_bin, Daemon};
+use colibri_tests::daemon::{load_model, workspace_bin, Daemon};
 use colibri_tests::fixture;
 use colibri_tests::http::{self, get, post_json, request};
 use pb::colibri_client::ColibriClient;
@@ -56,15 +56,7 @@ async fn serve(args: &[&str]) -> (Served, ColibriClient<Channel>) {
 }
 
 async fn load(c: &mut ColibriClient<Channel>, dir: &Path, cache: Option<u64>) {
-    let mut s = c
-        .load_model(pb::LoadModelRequest {
-            model: dir.display().to_string(),
-            expert_cache_bytes: cache,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    while s.message().await.unwrap().is_some() {}
+    load_model(c, &dir.display().to_string(), cache).await;
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {

@@ -24,15 +24,15 @@ use std::arch::x86_64::*;
 /// Bytes ahead of the current weight position to prefetch. The hot loops carry enough
 /// arithmetic per byte that the out-of-order window alone keeps too few cache-line misses in
 /// flight to saturate memory; explicit prefetches fix that.
-const PREFETCH: usize = 2048;
+pub(super) const PREFETCH: usize = 2048;
 
 #[inline(always)]
-unsafe fn prefetch(p: *const u8) {
+pub(super) unsafe fn prefetch(p: *const u8) {
     _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
 }
 
 #[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(super) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));

@@ -1,33 +1,16 @@
 //! AVX2 + FMA + F16C kernels of the per-row API (`kernels::dot_act` on a prepared row):
-//! one weight row against one activation row, for callers that work row by row (the
-//! forward pass's grouped products, formats without tiles). Batched products go through
-//! the tiles of `avx2.rs`. Each computes what its counterpart in `scalar` defines, in a
-//! different summation order; the tests in `tests.rs` hold them to it.
+//! one weight row against one activation row, for callers that work row by row (formats
+//! without tiles, one-off dot products). Products go through the tiles of `avx2.rs`. Each
+//! computes what its counterpart in `scalar` defines, in a different summation order; the
+//! tests in `tests.rs` hold them to it.
 //!
 //! Callers guarantee the CPU features (see `super::level`); the slices' lengths are those of
 //! a row of the matrix, which `Matrix` has validated.
 
+use super::avx2::{hsum, prefetch, PREFETCH};
 use super::{scalar, Act, Q8Act, QBLOCK};
 use crate::tensor::{ScaleType, WeightFormat};
 use std::arch::x86_64::*;
-
-/// Bytes ahead of the current weight position to prefetch. The hot loops carry enough
-/// arithmetic per byte that the out-of-order window alone keeps too few cache-line misses in
-/// flight to saturate memory; explicit prefetches fix that.
-const PREFETCH: usize = 2048;
-
-#[inline(always)]
-unsafe fn prefetch(p: *const u8) {
-    _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
-}
-
-#[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    _mm_cvtss_f32(s)
-}
 
 /// Scale `g` of a row; f16 through F16C (the portable conversion costs more than the
 /// 64-element group it scales).

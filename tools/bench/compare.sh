@@ -2,11 +2,12 @@
 # colibri against llama.cpp on the same synth weights, the two engines alternating so that
 # load from other processes hits both alike (docs/PERFORMANCE.md).
 #
-#   tools/bench/compare.sh COLI LLAMA_BIN_DIR CONTAINER_DIR MODEL.gguf ROUNDS OUT_DIR [THREADS]
+#   tools/bench/compare.sh COLI LLAMA_BIN_DIR CONTAINER_DIR[:DIR2...] MODEL.gguf ROUNDS OUT_DIR [THREADS]
 #
 # Per round and engine: prefill 64 and 512 tokens, decode 32 tokens, decode 32 at depth 512
 # (llama-bench -d 512), each repeated; odd rounds start with llama.cpp, even ones with
-# colibri. Raw outputs go to OUT_DIR/round-N-{llama,colibri}-*.txt; then
+# colibri (every container in turn). Raw outputs go to OUT_DIR/round-N-llama-*.txt and
+# OUT_DIR/round-N-colibri-CONTAINER_NAME-*.txt; then
 # tools/bench/summarize.py OUT_DIR prints the table. Extra colibri settings come from the
 # environment (COLIBRI_KV, COLIBRI_KERNELS, ...).
 set -euo pipefail
@@ -18,10 +19,14 @@ llama() {
   "$bin/llama-bench" -m "$gguf" -t "$t" -p 64 -n 32 -d 512 -r 3 -o jsonl > "$out/round-$r-llama-d512.txt" 2>/dev/null
 }
 colibri() {
-  local r=$1
-  "$coli" bench --model "$container" --threads "$t" --prompt 64 --tokens 32 --repeat 3 > "$out/round-$r-colibri-p64.txt"
-  "$coli" bench --model "$container" --threads "$t" --prompt 512 --tokens 0 --repeat 2 > "$out/round-$r-colibri-p512.txt"
-  "$coli" bench --model "$container" --threads "$t" --prompt 64 --tokens 32 --depth 512 --repeat 3 > "$out/round-$r-colibri-d512.txt"
+  local r=$1 c name
+  IFS=: read -ra cs <<< "$container"
+  for c in "${cs[@]}"; do
+    name=$(basename "$c")
+    "$coli" bench --model "$c" --threads "$t" --prompt 64 --tokens 32 --repeat 3 > "$out/round-$r-colibri-$name-p64.txt"
+    "$coli" bench --model "$c" --threads "$t" --prompt 512 --tokens 0 --repeat 2 > "$out/round-$r-colibri-$name-p512.txt"
+    "$coli" bench --model "$c" --threads "$t" --prompt 64 --tokens 32 --depth 512 --repeat 3 > "$out/round-$r-colibri-$name-d512.txt"
+  done
 }
 for r in $(seq 1 "$rounds"); do
   echo "round $r: $(cut -d' ' -f1-3 /proc/loadavg) load" | tee -a "$out/load.txt"

@@ -23,8 +23,10 @@ use std::arch::x86_64::*;
 
 /// Bytes ahead of the current weight position to prefetch. The hot loops carry enough
 /// arithmetic per byte that the out-of-order window alone keeps too few cache-line misses in
-/// flight to saturate memory; explicit prefetches fix that.
-pub(super) const PREFETCH: usize = 2048;
+/// flight to saturate memory; explicit prefetches fix that. 6 KiB measured 5–8% faster
+/// decode than 2 KiB on the OLMoE-1B-7B synth (2 threads, AVX2): a decode task streams a
+/// few short rows (1–4 KiB) back to back, and 2 KiB ahead was not enough in flight.
+pub(super) const PREFETCH: usize = 6144;
 
 #[inline(always)]
 pub(super) unsafe fn prefetch(p: *const u8) {

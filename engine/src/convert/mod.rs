@@ -42,7 +42,8 @@ pub struct ConvertOptions {
 /// Parses a format name of the command line: `int8`, `int4`, `int3`, `int2`, `bf16` (`f16`,
 /// `f32`) with the group size for int4/int2 (0 = one scale per row; int3 is always in groups
 /// of 64). A name may carry its own group size, which then wins: `int8-g32`, `int4-g64`,
-/// `int4-row`; `int8` alone is per row (f32 scales), `int8-gN` grouped with f16 scales.
+/// `int4-row`, `int3-g64`; `int8` alone is per row (f32 scales), `int8-gN` grouped with f16
+/// scales.
 pub fn parse_format(name: &str, group: u32) -> Result<WeightFormat> {
     if let Some((base, g)) = name.split_once('-') {
         let group = match g {
@@ -70,10 +71,13 @@ pub fn parse_format(name: &str, group: u32) -> Result<WeightFormat> {
                 scale: ScaleType::F16,
             });
         }
+        if base == "int3" && group == 64 {
+            return Ok(WeightFormat::I3G64);
+        }
         if !matches!(base, "int8" | "int4" | "int2") {
             return Err(Error::invalid(
                 "format",
-                format!("'{name}': only int8, int4 and int2 take a group"),
+                format!("'{name}': only int8, int4 and int2 take a group (int3 is -g64)"),
             ));
         }
         return parse_format(base, group);
@@ -676,4 +680,21 @@ fn read_prefix(path: &Path, n: usize) -> Option<Vec<u8>> {
     let mut b = vec![0u8; n];
     f.read_exact(&mut b).ok()?;
     Some(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names `coli plan/doctor/status` print for the converter's formats are accepted
+    /// back on the command line.
+    #[test]
+    fn printed_format_names_parse_back() {
+        for name in ["int8", "int8-g32", "int4-g64", "int4-g32", "int2-g64", "int3-g64"] {
+            let f = parse_format(name, 0).unwrap();
+            assert_eq!(f.name(), name);
+        }
+        assert_eq!(parse_format("int3", 0).unwrap(), WeightFormat::I3G64);
+        assert!(parse_format("int3-g32", 0).is_err());
+    }
 }

@@ -258,6 +258,17 @@ impl Ctx<'_> {
     }
 }
 
+/// The reference sum over a row's blocks from `first` on (those the SIMD loop leaves), for
+/// token `t`; 0 without calling it when there are none, the usual case (the call's setup,
+/// once per row and token, cost 4% of a decode step).
+#[inline(always)]
+fn q8_tail(c: &Ctx, row: &[u8], srow: &[u8], t: usize, first: usize) -> f32 {
+    if first * QBLOCK >= c.cols {
+        return 0.0;
+    }
+    scalar::dot_q8_blocks(c.format, row, srow, &c.q8row(t), c.cols, first)
+}
+
 /// Accumulators of a tile carried from one chunk of its rows to the next (k-blocking):
 /// row `i`'s token `j` at `state[8·i + j]`. Saved and reloaded whole, so chunking changes
 /// nothing in a (row, token) pair's arithmetic.
@@ -988,8 +999,7 @@ unsafe fn i8q8_tile<S: I8Scaling, const R: usize, const T: usize>(
         let row = c.row_slice(r0 + i);
         let srow = c.srow_slice(r0 + i);
         for j in 0..T {
-            let a = c.q8row(t0 + j);
-            let tail = scalar::dot_q8_blocks(c.format, row, srow, &a, cols, full);
+            let tail = q8_tail(c, row, srow, t0 + j, full);
             let s = hsum(acc[i][j]);
             out[i * T + j] = if S::GROUPED {
                 s + tail
@@ -1112,7 +1122,6 @@ unsafe fn i4q8_tile<const R: usize, const T: usize>(
         // token instead of one subtraction per pair.
         let mut sp = [0f32; 8];
         for j in 0..T {
-            let a = c.q8row(t0 + j);
             let mut corr = 0f32;
             if uniform {
                 let cpt = cp.add((t0 + j) * pairs);
@@ -1148,8 +1157,7 @@ unsafe fn i4q8_tile<const R: usize, const T: usize>(
                     }
                 }
             }
-            out[i * T + j] = (hsum(acc[i][j]) - corr)
-                + scalar::dot_q8_blocks(c.format, row, srow, &a, cols, 2 * pairs);
+            out[i * T + j] = (hsum(acc[i][j]) - corr) + q8_tail(c, row, srow, t0 + j, 2 * pairs);
         }
     }
 }
@@ -1219,9 +1227,7 @@ unsafe fn i2q8_tile<const R: usize, const T: usize>(
         let row = c.row_slice(r0 + i);
         let srow = c.srow_slice(r0 + i);
         for j in 0..T {
-            let a = c.q8row(t0 + j);
-            out[i * T + j] =
-                0.5 * hsum(acc[i][j]) + scalar::dot_q8_blocks(c.format, row, srow, &a, cols, full);
+            out[i * T + j] = 0.5 * hsum(acc[i][j]) + q8_tail(c, row, srow, t0 + j, full);
         }
     }
 }

@@ -690,7 +690,9 @@ mod tests {
     /// back on the command line.
     #[test]
     fn printed_format_names_parse_back() {
-        for name in ["int8", "int8-g32", "int4-g64", "int4-g32", "int2-g64", "int3-g64"] {
+        for name in [
+            "int8", "int8-g32", "int4-g64", "int4-g32", "int2-g64", "int3-g64",
+        ] {
             let f = parse_format(name, 0).unwrap();
             assert_eq!(f.name(), name);
         }

@@ -194,15 +194,7 @@ impl KvRow<'_> {
 pub mod ops {
     use half::f16;
 
-    #[inline]
-    fn avx2() -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            crate::kernels::level() == crate::kernels::Level::Avx2
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        false
-    }
+    use crate::kernels::avx2;
 
     /// `dot(q, k)` with `k` in f16.
     #[inline]

@@ -6,6 +6,20 @@ pub mod http;
 
 use std::path::PathBuf;
 
+/// The fixture families whose logits must match transformers.
+pub const FAMILIES: &[&str] = &[
+    "olmoe",
+    "qwen3_moe",
+    "mixtral",
+    "deepseek_v3",
+    "deepseek_v3_noqlora",
+    "glm4_moe",
+    "glm_moe_dsa",
+];
+
+/// Largest |Δlogit| against transformers at any position.
+pub const LOGIT_TOL: f32 = 2e-3;
+
 /// `tests/fixtures` of this repository.
 pub fn fixtures_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures")

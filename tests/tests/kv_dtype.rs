@@ -4,19 +4,7 @@
 
 use colibri_engine::kv::KvDtype;
 use colibri_engine::{LogitsWanted, Model, SeqStep};
-use colibri_tests::{fixture, max_abs_diff, Reference};
-
-const FAMILIES: &[&str] = &[
-    "olmoe",
-    "qwen3_moe",
-    "mixtral",
-    "deepseek_v3",
-    "deepseek_v3_noqlora",
-    "glm4_moe",
-    "glm_moe_dsa",
-];
-
-const LOGIT_TOL: f32 = 2e-3;
+use colibri_tests::{fixture, max_abs_diff, Reference, FAMILIES, LOGIT_TOL};
 
 fn score(model: &Model, tokens: &[u32], dtype: Option<KvDtype>) -> Vec<f32> {
     let mut cache = match dtype {

@@ -2,20 +2,7 @@
 //! logits, argmax, 20-token greedy continuation, and KV-cache consistency.
 
 use colibri_engine::{LogitsWanted, Model, SeqStep};
-use colibri_tests::{fixture, max_abs_diff, top2, Reference};
-
-/// Families whose fixtures must match transformers.
-const FAMILIES: &[&str] = &[
-    "olmoe",
-    "qwen3_moe",
-    "mixtral",
-    "deepseek_v3",
-    "deepseek_v3_noqlora",
-    "glm4_moe",
-    "glm_moe_dsa",
-];
-
-const LOGIT_TOL: f32 = 2e-3;
+use colibri_tests::{fixture, max_abs_diff, top2, Reference, FAMILIES, LOGIT_TOL};
 
 fn check_teacher_forced(family: &str) {
     let model = Model::load(&fixture(family)).unwrap_or_else(|e| panic!("{family}: {e}"));

@@ -7,15 +7,7 @@
 //! a slice's tail is padded into a full vector, so an element's result never depends on
 //! where in a slice it sits (batch independence holds bit for bit).
 
-#[inline]
-fn avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        crate::kernels::level() == crate::kernels::Level::Avx2
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
+use crate::kernels::avx2;
 
 // Cephes expf: exp(x) = 2^n · p(r), r = x - n·ln2 split in two constants.
 const EXP_HI: f32 = 88.376_26;

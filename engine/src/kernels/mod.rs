@@ -150,6 +150,17 @@ pub fn level() -> Level {
     *LEVEL.get_or_init(detect)
 }
 
+/// Whether the AVX2+FMA+F16C kernels run (the vector helpers outside this module ask it).
+#[inline]
+pub fn avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        level() == Level::Avx2
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// The SIMD features of this CPU that matter to the kernels (present, not necessarily used).
 pub fn cpu_features() -> Vec<&'static str> {
     let mut v = Vec::new();

@@ -51,7 +51,11 @@ fn main() {
             let buf = random_bytes(mib << 20, 1);
             println!("read bandwidth {:.1} GB/s", read_bandwidth(&buf, 5) / 1e9);
         }
-        let cols = 4096;
+        // Row width: 4096 by default; KB_COLS=1024 or 2048 gives an expert's shape.
+        let cols: usize = std::env::var("KB_COLS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(4096);
         let cases: Vec<(&str, WeightFormat, bool)> = vec![
             ("bf16", WeightFormat::BF16, false),
             ("int8 row, f32 act", WeightFormat::I8Row, false),

@@ -6,7 +6,6 @@ use super::simd::softmax_fast;
 use super::{exec, BatchRows};
 use crate::kv::{ops as kv_ops, KvBuf, KvCache};
 use crate::tensor::Linear;
-use rayon::prelude::*;
 
 /// Where q/k normalisation happens, if anywhere.
 #[derive(Clone, Debug)]
@@ -115,27 +114,25 @@ impl GqaAttention {
         let caches: Vec<&KvCache> = caches.iter().map(|c| &**c).collect();
         // One task per (row, kv head): its `group` query heads read each cached key and
         // value once.
-        out.par_chunks_mut(group * hd)
-            .enumerate()
-            .for_each(|(idx, o)| {
-                let (i, kvh) = (idx / self.n_kv_heads, idx % self.n_kv_heads);
-                let p = rows.pos[i];
-                let first = match self.sliding_window {
-                    Some(w) if p + 1 > w => p + 1 - w,
-                    _ => 0,
-                };
-                let kv = &caches[rows.seq[i]].layers[layer];
-                let qs = &q[i * qw + kvh * group * hd..i * qw + (kvh + 1) * group * hd];
-                let heads = HeadGroup {
-                    k: &kv.k,
-                    v: &kv.v,
-                    width: kw,
-                    offset: kvh * hd,
-                    head_dim: hd,
-                    scale: self.scale,
-                };
-                heads.attend(qs, first..p + 1, o);
-            });
+        crate::kernels::team::par_chunks_mut(&mut out, group * hd, &|idx, o| {
+            let (i, kvh) = (idx / self.n_kv_heads, idx % self.n_kv_heads);
+            let p = rows.pos[i];
+            let first = match self.sliding_window {
+                Some(w) if p + 1 > w => p + 1 - w,
+                _ => 0,
+            };
+            let kv = &caches[rows.seq[i]].layers[layer];
+            let qs = &q[i * qw + kvh * group * hd..i * qw + (kvh + 1) * group * hd];
+            let heads = HeadGroup {
+                k: &kv.k,
+                v: &kv.v,
+                width: kw,
+                offset: kvh * hd,
+                head_dim: hd,
+                scale: self.scale,
+            };
+            heads.attend(qs, first..p + 1, o);
+        });
         drop(core);
         let _out = profile::span(Phase::AttnOut);
         self.o_proj.forward(&out, n)

@@ -362,27 +362,24 @@ impl MlaAttention {
         let aw = lr + rd;
         // Absorbed queries, head-major: [head][row][q_lat ‖ q_rope].
         let mut q_abs = vec![0f32; nh * m * aw];
-        q_abs
-            .par_chunks_mut(m * aw)
-            .enumerate()
-            .for_each(|(head, qa)| {
-                // q_lat = W_ukᵀ·q_nope: one decoded weight row at a time, applied to every row.
-                let mut w = vec![0f32; lr];
-                for j in 0..self.nope {
-                    self.w_uk[head].row_to_f32(j, &mut w);
-                    for (a, &i) in ar.iter().enumerate() {
-                        let x = q[i * nh * qk + head * qk + j];
-                        axpy(&mut qa[a * aw..a * aw + lr], x, &w);
-                    }
-                }
+        crate::kernels::team::par_chunks_mut(&mut q_abs, m * aw, &|head, qa| {
+            // q_lat = W_ukᵀ·q_nope: one decoded weight row at a time, applied to every row.
+            let mut w = vec![0f32; lr];
+            for j in 0..self.nope {
+                self.w_uk[head].row_to_f32(j, &mut w);
                 for (a, &i) in ar.iter().enumerate() {
-                    let o = i * nh * qk + head * qk + self.nope;
-                    qa[a * aw + lr..(a + 1) * aw].copy_from_slice(&q[o..o + rd]);
+                    let x = q[i * nh * qk + head * qk + j];
+                    axpy(&mut qa[a * aw..a * aw + lr], x, &w);
                 }
-            });
+            }
+            for (a, &i) in ar.iter().enumerate() {
+                let o = i * nh * qk + head * qk + self.nope;
+                qa[a * aw + lr..(a + 1) * aw].copy_from_slice(&q[o..o + rd]);
+            }
+        });
         // Softmax over [c ‖ k_rope] rows, output in latent space: [head][row][latent].
         let mut o_lat = vec![0f32; nh * m * lr];
-        o_lat.par_chunks_mut(lr).enumerate().for_each(|(idx, o)| {
+        crate::kernels::team::par_chunks_mut(&mut o_lat, lr, &|idx, o| {
             let (head, a) = (idx / m, idx % m);
             let i = ar[a];
             let keys = &caches[rows.seq[i]].layers[layer].k;

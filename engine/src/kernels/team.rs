@@ -48,6 +48,27 @@ pub fn par_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
     }
 }
 
+/// `f(i, chunk)` for every `chunk`-element piece of `data` (the last may be shorter), on the
+/// team like [`par_for`]. Decode's per-layer loops outside the matmuls (attention over the
+/// cache) run here rather than on rayon: the team's threads spin for a while after each
+/// loop, and a rayon loop started meanwhile would share the cores with them.
+pub fn par_chunks_mut<T: Send>(data: &mut [T], chunk: usize, f: &(dyn Fn(usize, &mut [T]) + Sync)) {
+    let chunk = chunk.max(1);
+    let (len, n) = (data.len(), data.len().div_ceil(chunk));
+    struct Base<T>(*mut T);
+    // SAFETY: the pointer is only used to make disjoint chunks, one per task.
+    unsafe impl<T> Sync for Base<T> {}
+    let base = Base(data.as_mut_ptr());
+    par_for(n, &|i| {
+        let start = i * chunk;
+        let end = (start + chunk).min(len);
+        let b = &base;
+        // SAFETY: chunks `i` are disjoint and inside `data`, which outlives the loop.
+        let piece = unsafe { std::slice::from_raw_parts_mut(b.0.add(start), end - start) };
+        f(i, piece)
+    });
+}
+
 fn use_team() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var("COLIBRI_TEAM").map_or(true, |v| v != "rayon"))

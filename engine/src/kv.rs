@@ -232,6 +232,9 @@ pub mod ops {
     /// `scores[h * len + j] = dot(qs[h], k at position first + j) · scale` for the `g` query
     /// heads `qs` (`g × hd`) over `len` positions of one kv head (`hd` elements at `off` of
     /// every `width`-element position): one call per head group instead of one per position.
+    /// Head `h` sees only positions `j < ends[h]` (the others are left as they are): several
+    /// rows of one sequence share a call, each up to its own causal end, and each head's
+    /// sums are the same operations whatever shares the call.
     #[allow(clippy::too_many_arguments)]
     pub fn group_scores(
         k: &super::KvBuf,
@@ -240,30 +243,37 @@ pub mod ops {
         hd: usize,
         first: usize,
         qs: &[f32],
+        ends: &[usize],
         scale: f32,
         scores: &mut [f32],
     ) {
         let g = qs.len() / hd;
         let len = scores.len() / g.max(1);
+        assert!(
+            ends.len() == g && ends.iter().all(|&e| e <= len),
+            "group_scores: ends"
+        );
         match k {
             #[cfg(target_arch = "x86_64")]
             super::KvBuf::F16(kv) if avx2() => {
                 // SAFETY: as in `dot_f16`; every row read is inside `kv` (checked below).
                 assert!(len == 0 || (first + len - 1) * width + off + hd <= kv.len());
-                unsafe { x86::group_scores(kv, width, off, hd, first, qs, scale, scores) }
+                unsafe { x86::group_scores(kv, width, off, hd, first, qs, ends, scale, scores) }
             }
             _ => {
                 for j in 0..len {
                     let row = k.row((first + j) * width + off, hd);
                     for (h, q) in qs.chunks_exact(hd).enumerate() {
-                        scores[h * len + j] = row.dot(q) * scale;
+                        if j < ends[h] {
+                            scores[h * len + j] = row.dot(q) * scale;
+                        }
                     }
                 }
             }
         }
     }
 
-    /// `o[h] += Σ_j w[h * len + j] · v at position first + j`, the value side of
+    /// `o[h] += Σ_{j < ends[h]} w[h * len + j] · v at position first + j`, the value side of
     /// [`group_scores`].
     pub fn group_values(
         v: &super::KvBuf,
@@ -272,22 +282,29 @@ pub mod ops {
         hd: usize,
         first: usize,
         w: &[f32],
+        ends: &[usize],
         o: &mut [f32],
     ) {
         let g = o.len() / hd;
         let len = w.len() / g.max(1);
+        assert!(
+            ends.len() == g && ends.iter().all(|&e| e <= len),
+            "group_values: ends"
+        );
         match v {
             #[cfg(target_arch = "x86_64")]
             super::KvBuf::F16(kv) if avx2() => {
                 assert!(len == 0 || (first + len - 1) * width + off + hd <= kv.len());
                 // SAFETY: as in `group_scores`.
-                unsafe { x86::group_values(kv, width, off, hd, first, w, o) }
+                unsafe { x86::group_values(kv, width, off, hd, first, w, ends, o) }
             }
             _ => {
                 for j in 0..len {
                     let row = v.row((first + j) * width + off, hd);
                     for (h, oh) in o.chunks_exact_mut(hd).enumerate() {
-                        row.axpy_to(oh, w[h * len + j]);
+                        if j < ends[h] {
+                            row.axpy_to(oh, w[h * len + j]);
+                        }
                     }
                 }
             }
@@ -390,6 +407,7 @@ pub mod ops {
             hd: usize,
             first: usize,
             qs: &[f32],
+            ends: &[usize],
             scale: f32,
             scores: &mut [f32],
         ) {
@@ -402,8 +420,10 @@ pub mod ops {
                     prefetch_row(row.add(AHEAD * width), hd);
                 }
                 for h in 0..g {
-                    *scores.get_unchecked_mut(h * len + j) =
-                        dot(qs.as_ptr().add(h * hd), row, hd) * scale;
+                    if j < ends[h] {
+                        *scores.get_unchecked_mut(h * len + j) =
+                            dot(qs.as_ptr().add(h * hd), row, hd) * scale;
+                    }
                 }
             }
         }
@@ -416,6 +436,7 @@ pub mod ops {
             hd: usize,
             first: usize,
             w: &[f32],
+            ends: &[usize],
             o: &mut [f32],
         ) {
             let g = o.len() / hd;
@@ -427,12 +448,14 @@ pub mod ops {
                     prefetch_row(row.add(AHEAD * width), hd);
                 }
                 for h in 0..g {
-                    axpy(
-                        o.as_mut_ptr().add(h * hd),
-                        *w.get_unchecked(h * len + j),
-                        row,
-                        hd,
-                    );
+                    if j < ends[h] {
+                        axpy(
+                            o.as_mut_ptr().add(h * hd),
+                            *w.get_unchecked(h * len + j),
+                            row,
+                            hd,
+                        );
+                    }
                 }
             }
         }
@@ -894,9 +917,10 @@ mod tests {
         kb.extend_from_f32(&kf);
         let qs: Vec<f32> = (0..g * hd).map(|_| rnd()).collect();
         let mut sc = vec![0f32; g * (len - 2)];
-        ops::group_scores(&kb, width, hd, hd, 2, &qs, 0.5, &mut sc);
+        let ends = [len - 2; 3];
+        ops::group_scores(&kb, width, hd, hd, 2, &qs, &ends, 0.5, &mut sc);
         let mut o = vec![0f32; g * hd];
-        ops::group_values(&kb, width, hd, hd, 2, &sc, &mut o);
+        ops::group_values(&kb, width, hd, hd, 2, &sc, &ends, &mut o);
         let KvBuf::F16(kh) = &kb else { unreachable!() };
         for h in 0..g {
             let mut want_o = vec![0f32; hd];

@@ -112,17 +112,49 @@ impl GqaAttention {
         let group = self.n_heads / self.n_kv_heads;
         let hd = self.head_dim;
         let caches: Vec<&KvCache> = caches.iter().map(|c| &**c).collect();
-        // One task per (row, kv head): its `group` query heads read each cached key and
-        // value once.
-        crate::kernels::team::par_chunks_mut(&mut out, group * hd, &|idx, o| {
-            let (i, kvh) = (idx / self.n_kv_heads, idx % self.n_kv_heads);
-            let p = rows.pos[i];
-            let first = match self.sliding_window {
-                Some(w) if p + 1 > w => p + 1 - w,
-                _ => 0,
-            };
-            let kv = &caches[rows.seq[i]].layers[layer];
-            let qs = &q[i * qw + kvh * group * hd..i * qw + (kvh + 1) * group * hd];
+        // One task per (block of rows of one sequence, kv head): the block's query heads
+        // read each cached key and value once, each row up to its own causal end. Blocks
+        // of several rows only in a prefill without a sliding window (every row starts at
+        // position 0); a row's sums are the same operations whatever shares its task.
+        let block = if n > 1 && self.sliding_window.is_none() {
+            8
+        } else {
+            1
+        };
+        let mut tasks: Vec<(usize, usize)> = Vec::new(); // (first row, rows)
+        for s in 0..caches.len() {
+            let r = rows.seq_range(s);
+            let mut i = r.start;
+            while i < r.end {
+                let b = (r.end - i).min(block);
+                tasks.push((i, b));
+                i += b;
+            }
+        }
+        struct OutPtr(*mut f32);
+        // SAFETY: each task writes only its own rows' slices of its own kv head.
+        unsafe impl Sync for OutPtr {}
+        let out_ptr = OutPtr(out.as_mut_ptr());
+        let nkv = self.n_kv_heads;
+        crate::kernels::team::par_for(tasks.len() * nkv, &|idx| {
+            let ((i0, b), kvh) = (tasks[idx / nkv], idx % nkv);
+            let out_base = &out_ptr; // the whole wrapper, not its field (which is not Sync)
+            let gw = group * hd;
+            let (mut last, mut first) = (0, usize::MAX);
+            let mut ends = Vec::with_capacity(b * group);
+            for i in i0..i0 + b {
+                let p = rows.pos[i];
+                first = first.min(match self.sliding_window {
+                    Some(w) if p + 1 > w => p + 1 - w,
+                    _ => 0,
+                });
+                last = last.max(p + 1);
+                ends.extend(std::iter::repeat_n(p + 1, group));
+            }
+            for e in ends.iter_mut() {
+                *e -= first;
+            }
+            let kv = &caches[rows.seq[i0]].layers[layer];
             let heads = HeadGroup {
                 k: &kv.k,
                 v: &kv.v,
@@ -131,7 +163,24 @@ impl GqaAttention {
                 head_dim: hd,
                 scale: self.scale,
             };
-            heads.attend(qs, first..p + 1, o);
+            let at = |i: usize| i * qw + kvh * gw;
+            if b == 1 {
+                // SAFETY: row i0's slice of kv head kvh, written by this task only.
+                let o = unsafe { std::slice::from_raw_parts_mut(out_base.0.add(at(i0)), gw) };
+                heads.attend(&q[at(i0)..at(i0) + gw], &ends, first..last, o);
+                return;
+            }
+            let mut qs = Vec::with_capacity(b * gw);
+            for i in i0..i0 + b {
+                qs.extend_from_slice(&q[at(i)..at(i) + gw]);
+            }
+            let mut o = vec![0f32; b * gw];
+            heads.attend(&qs, &ends, first..last, &mut o);
+            for (k, i) in (i0..i0 + b).enumerate() {
+                // SAFETY: as above, for each row of the block.
+                let dst = unsafe { std::slice::from_raw_parts_mut(out_base.0.add(at(i)), gw) };
+                dst.copy_from_slice(&o[k * gw..(k + 1) * gw]);
+            }
         });
         drop(core);
         let _out = profile::span(Phase::AttnOut);
@@ -214,9 +263,10 @@ pub struct HeadGroup<'a> {
 
 impl HeadGroup<'_> {
     /// Causal attention of the query heads `qs` (`g × head_dim`, all sharing this kv head)
-    /// over the cached positions `span`, into `o` (`g × head_dim`). A head's scores, softmax
-    /// and weighted sum do not depend on the other heads of the group.
-    pub fn attend(&self, qs: &[f32], span: std::ops::Range<usize>, o: &mut [f32]) {
+    /// over the cached positions `span`, head `h` over its first `ends[h]` of them, into `o`
+    /// (`g × head_dim`). A head's scores, softmax and weighted sum do not depend on the
+    /// other heads of the call.
+    pub fn attend(&self, qs: &[f32], ends: &[usize], span: std::ops::Range<usize>, o: &mut [f32]) {
         let hd = self.head_dim;
         let g = qs.len() / hd;
         let len = span.len();
@@ -228,14 +278,25 @@ impl HeadGroup<'_> {
                 hd,
                 span.start,
                 qs,
+                ends,
                 self.scale,
                 scores,
             );
-            for sc in scores.chunks_exact_mut(len) {
-                softmax_fast(sc);
+            for (sc, &e) in scores.chunks_exact_mut(len).zip(ends) {
+                softmax_fast(&mut sc[..e]);
+                sc[e..].fill(0.0);
             }
             o.fill(0.0);
-            kv_ops::group_values(self.v, self.width, self.offset, hd, span.start, scores, o);
+            kv_ops::group_values(
+                self.v,
+                self.width,
+                self.offset,
+                hd,
+                span.start,
+                scores,
+                ends,
+                o,
+            );
         });
     }
 }

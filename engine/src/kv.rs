@@ -275,6 +275,7 @@ pub mod ops {
 
     /// `o[h] += Σ_{j < ends[h]} w[h * len + j] · v at position first + j`, the value side of
     /// [`group_scores`].
+    #[allow(clippy::too_many_arguments)]
     pub fn group_values(
         v: &super::KvBuf,
         width: usize,
@@ -419,8 +420,8 @@ pub mod ops {
                 if j + AHEAD < len {
                     prefetch_row(row.add(AHEAD * width), hd);
                 }
-                for h in 0..g {
-                    if j < ends[h] {
+                for (h, &end) in ends.iter().enumerate() {
+                    if j < end {
                         *scores.get_unchecked_mut(h * len + j) =
                             dot(qs.as_ptr().add(h * hd), row, hd) * scale;
                     }
@@ -428,6 +429,7 @@ pub mod ops {
             }
         }
 
+        #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = "avx2,fma,f16c")]
         pub unsafe fn group_values(
             v: &[f16],

@@ -449,8 +449,8 @@ pub mod ops {
                 if j + AHEAD < len {
                     prefetch_row(row.add(AHEAD * width), hd);
                 }
-                for h in 0..g {
-                    if j < ends[h] {
+                for (h, &end) in ends.iter().enumerate() {
+                    if j < end {
                         axpy(
                             o.as_mut_ptr().add(h * hd),
                             *w.get_unchecked(h * len + j),

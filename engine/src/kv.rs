@@ -940,6 +940,27 @@ mod tests {
                 assert!((a - b).abs() <= 1e-4, "values {h}");
             }
         }
+        // Rows of a block (a prefill's attention task): query heads with their own causal
+        // ends give, head by head, the bits of a call for that head alone.
+        let (hd, width, len, g) = (32, 64, 23, 9);
+        let kf: Vec<f32> = (0..len * width).map(|_| rnd()).collect();
+        let mut kb = KvBuf::new(KvDtype::F16);
+        kb.extend_from_f32(&kf);
+        let qs: Vec<f32> = (0..g * hd).map(|_| rnd()).collect();
+        let ends = [23, 23, 20, 23, 23, 9, 23, 1, 23];
+        let mut sc = vec![0f32; g * len];
+        ops::group_scores(&kb, width, hd, hd, 0, &qs, &ends, 0.5, &mut sc);
+        let mut o = vec![0f32; g * hd];
+        ops::group_values(&kb, width, hd, hd, 0, &sc, &ends, &mut o);
+        for (h, &e) in ends.iter().enumerate() {
+            let mut one = vec![0f32; e];
+            let q1 = &qs[h * hd..(h + 1) * hd];
+            ops::group_scores(&kb, width, hd, hd, 0, q1, &[e], 0.5, &mut one);
+            assert_eq!(&sc[h * len..h * len + e], &one[..], "scores of head {h}");
+            let mut o1 = vec![0f32; hd];
+            ops::group_values(&kb, width, hd, hd, 0, &one, &[e], &mut o1);
+            assert_eq!(&o[h * hd..(h + 1) * hd], &o1[..], "values of head {h}");
+        }
         // Out of range values are clamped, never infinite.
         let mut b = KvBuf::new(KvDtype::F16);
         b.extend_from_f32(&[1e6, -1e6, 1.5]);

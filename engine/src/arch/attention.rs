@@ -131,14 +131,11 @@ impl GqaAttention {
                 i += b;
             }
         }
-        struct OutPtr(*mut f32);
-        // SAFETY: each task writes only its own rows' slices of its own kv head.
-        unsafe impl Sync for OutPtr {}
-        let out_ptr = OutPtr(out.as_mut_ptr());
+        // Each task writes only its own rows' slices of its own kv head.
+        let out_ptr = crate::kernels::team::SharedMut::new(&mut out);
         let nkv = self.n_kv_heads;
         crate::kernels::team::par_for(tasks.len() * nkv, &|idx| {
             let ((i0, b), kvh) = (tasks[idx / nkv], idx % nkv);
-            let out_base = &out_ptr; // the whole wrapper, not its field (which is not Sync)
             let gw = group * hd;
             let (mut last, mut first) = (0, usize::MAX);
             let mut ends = Vec::with_capacity(b * group);
@@ -166,7 +163,7 @@ impl GqaAttention {
             let at = |i: usize| i * qw + kvh * gw;
             if b == 1 {
                 // SAFETY: row i0's slice of kv head kvh, written by this task only.
-                let o = unsafe { std::slice::from_raw_parts_mut(out_base.0.add(at(i0)), gw) };
+                let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.ptr().add(at(i0)), gw) };
                 heads.attend(&q[at(i0)..at(i0) + gw], &ends, first..last, o);
                 return;
             }
@@ -178,7 +175,7 @@ impl GqaAttention {
             heads.attend(&qs, &ends, first..last, &mut o);
             for (k, i) in (i0..i0 + b).enumerate() {
                 // SAFETY: as above, for each row of the block.
-                let dst = unsafe { std::slice::from_raw_parts_mut(out_base.0.add(at(i)), gw) };
+                let dst = unsafe { std::slice::from_raw_parts_mut(out_ptr.ptr().add(at(i)), gw) };
                 dst.copy_from_slice(&o[k * gw..(k + 1) * gw]);
             }
         });

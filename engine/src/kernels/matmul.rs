@@ -35,14 +35,6 @@ impl Weights<'_> {
     }
 }
 
-/// A raw output pointer shared by the tasks of one region; each task writes its own rows.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: tasks write disjoint elements (their own rows of every token), and the region
-// ends before the borrow of the output does.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
 /// `out = input · wᵀ`: `out` is `input.n × w.rows`, row-major.
 pub fn matmul(w: &Weights, input: &Input, out: &mut [f32]) {
     matmul_many(&mut [(*w, out)], input)
@@ -104,16 +96,18 @@ pub fn matmul_each(jobs: &mut [(Weights, &Input, &mut [f32])]) {
             r = e;
         }
     }
-    let outs: Vec<Out> = jobs
+    // Each task writes its own rows of every token, and the region ends before the borrow
+    // of the outputs does.
+    let outs: Vec<team::SharedMut<f32>> = jobs
         .iter_mut()
-        .map(|(_, _, o)| Out(o.as_mut_ptr()))
+        .map(|(_, _, o)| team::SharedMut::new(o))
         .collect();
     let jobs: &[(Weights, &Input, &mut [f32])] = jobs;
     team::par_for(tasks.len(), &|k| {
         let (j, r0, r1) = tasks[k];
         let (w, input, _) = &jobs[j];
         // SAFETY: task `k` alone writes rows r0..r1 of output j, which is n × rows.
-        unsafe { run_rows(w, input, r0..r1, outs[j].0, w.rows) }
+        unsafe { run_rows(w, input, r0..r1, outs[j].ptr(), w.rows) }
     });
 }
 

@@ -48,6 +48,27 @@ pub fn par_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
     }
 }
 
+/// A pointer into memory that the tasks of one parallel loop write at disjoint places
+/// (each task its own rows or chunks), so it may be shared with them. Read it with
+/// [`SharedMut::ptr`]: a closure that names the field captures the bare pointer, which is
+/// not `Sync`.
+#[derive(Clone, Copy)]
+pub struct SharedMut<T>(*mut T);
+
+// SAFETY: only a pointer; whoever writes through it keeps the writes of different tasks
+// disjoint (see each use).
+unsafe impl<T> Send for SharedMut<T> {}
+unsafe impl<T> Sync for SharedMut<T> {}
+
+impl<T> SharedMut<T> {
+    pub fn new(data: &mut [T]) -> Self {
+        SharedMut(data.as_mut_ptr())
+    }
+    pub fn ptr(&self) -> *mut T {
+        self.0
+    }
+}
+
 /// `f(i, chunk)` for every `chunk`-element piece of `data` (the last may be shorter), on the
 /// team like [`par_for`]. Decode's per-layer loops outside the matmuls (attention over the
 /// cache) run here rather than on rayon: the team's threads spin for a while after each
@@ -55,16 +76,12 @@ pub fn par_for(n: usize, f: &(dyn Fn(usize) + Sync)) {
 pub fn par_chunks_mut<T: Send>(data: &mut [T], chunk: usize, f: &(dyn Fn(usize, &mut [T]) + Sync)) {
     let chunk = chunk.max(1);
     let (len, n) = (data.len(), data.len().div_ceil(chunk));
-    struct Base<T>(*mut T);
-    // SAFETY: the pointer is only used to make disjoint chunks, one per task.
-    unsafe impl<T> Sync for Base<T> {}
-    let base = Base(data.as_mut_ptr());
+    let base = SharedMut::new(data);
     par_for(n, &|i| {
         let start = i * chunk;
         let end = (start + chunk).min(len);
-        let b = &base;
         // SAFETY: chunks `i` are disjoint and inside `data`, which outlives the loop.
-        let piece = unsafe { std::slice::from_raw_parts_mut(b.0.add(start), end - start) };
+        let piece = unsafe { std::slice::from_raw_parts_mut(base.ptr().add(start), end - start) };
         f(i, piece)
     });
 }

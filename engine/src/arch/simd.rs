@@ -44,7 +44,7 @@ pub fn exp_in_place(x: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if avx2() {
         // SAFETY: level Avx2 is chosen only when avx2, fma and f16c are detected.
-        return unsafe { x86::map(x, |v| x86::exp8(v)) };
+        return unsafe { x86::exp_in_place(x) };
     }
     x.iter_mut().for_each(|v| *v = exp_scalar(*v));
 }
@@ -137,18 +137,22 @@ mod x86 {
         _mm256_mul_ps(y, _mm256_castsi256_ps(e))
     }
 
-    /// Applies `f` to every 8 floats of `x`, the tail padded to a full vector.
+    /// `exp` of every 8 floats of `x`, the tail padded to a full vector.
+    ///
+    /// Written out rather than as a map over a closure: a closure does not inherit this
+    /// function's target features, so `exp8`'s intrinsics inlined into one became calls
+    /// (`_mm256_fmadd_ps` showed in profiles as a function of its own, ~2% of a prefill).
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn map(x: &mut [f32], f: impl Fn(__m256) -> __m256) {
+    pub unsafe fn exp_in_place(x: &mut [f32]) {
         let mut chunks = x.chunks_exact_mut(8);
         for c in &mut chunks {
-            _mm256_storeu_ps(c.as_mut_ptr(), f(_mm256_loadu_ps(c.as_ptr())));
+            _mm256_storeu_ps(c.as_mut_ptr(), exp8(_mm256_loadu_ps(c.as_ptr())));
         }
         let rest = chunks.into_remainder();
         if !rest.is_empty() {
             let mut pad = [0f32; 8];
             pad[..rest.len()].copy_from_slice(rest);
-            _mm256_storeu_ps(pad.as_mut_ptr(), f(_mm256_loadu_ps(pad.as_ptr())));
+            _mm256_storeu_ps(pad.as_mut_ptr(), exp8(_mm256_loadu_ps(pad.as_ptr())));
             let n = rest.len();
             rest.copy_from_slice(&pad[..n]);
         }

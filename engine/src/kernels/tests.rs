@@ -223,6 +223,49 @@ fn matmul_is_the_same_for_any_batch() {
     }
 }
 
+/// A batched decode step (2–8 tokens: int4-g32/g64 on the row kernel, int8-g32 and per-row
+/// int8 on the tiles) gives each token the bits it gets alone, and the bits the prefill tiles
+/// give it in a longer batch; rows with more than 8 pairs and with pairs left over after the
+/// last 8 included.
+#[test]
+fn batched_decode_rows_equal_one_token_at_a_time() {
+    let mut rng = Rng(23);
+    let mut formats = vec![WeightFormat::I8Row];
+    for scale in [ScaleType::F16, ScaleType::F32] {
+        formats.push(WeightFormat::I4 { group: 32, scale });
+        formats.push(WeightFormat::I4 { group: 64, scale });
+        formats.push(WeightFormat::I8 { group: 32, scale });
+    }
+    for format in formats {
+        for cols in [64, 576, 1088, 2048] {
+            let rows = 5 + rng.below(20);
+            let mut m = random_matrix(format, rows, cols, &mut rng);
+            m.int8_act = true;
+            let x: Vec<f32> = (0..12 * cols).map(|_| rng.f()).collect();
+            let mut long = vec![0f32; 12 * rows];
+            m.matmul(&x, 12, &mut long);
+            for n in 2..=8 {
+                let mut all = vec![0f32; n * rows];
+                m.matmul(&x[..n * cols], n, &mut all);
+                assert_eq!(
+                    &all[..],
+                    &long[..n * rows],
+                    "{format:?} {cols} cols, {n} tokens"
+                );
+                for i in 0..n {
+                    let mut one = vec![0f32; rows];
+                    m.matmul(&x[i * cols..(i + 1) * cols], 1, &mut one);
+                    assert_eq!(
+                        &all[i * rows..(i + 1) * rows],
+                        &one[..],
+                        "{format:?} {cols} cols: token {i} of {n}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn several_matrices_in_one_region_equal_one_by_one() {
     let mut rng = Rng(11);

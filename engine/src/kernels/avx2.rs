@@ -474,9 +474,25 @@ pub unsafe fn matmul_rows(
     };
     let units = shapes.units;
     let mut o = [0f32; 16];
+    // int4 in whole pairs scaled per pair or per block, with int8 activations: decode and
+    // batched decode (up to a tile of 8 tokens) stream one row at a time (`i4q8_row_tn`).
+    // int8 rows batch on the tiles: a row kernel of that shape measured no faster
+    // (`kernel_bench 256 2 1,2,4,8`, int8-g32 and per-row int8).
+    let row_tn: Option<&[RowTn; TILE]> = match w.format {
+        WeightFormat::I4 { .. } if int8 && cols.is_multiple_of(2 * QBLOCK) => {
+            if c.g == QBLOCK {
+                Some(&I4_ROW_TN_G32)
+            } else if c.g == 2 * QBLOCK {
+                Some(&I4_ROW_TN_G64)
+            } else {
+                None
+            }
+        }
+        _ => None,
+    };
     if n == 1 {
-        // Decode. The common integer formats stream one row at a time (see `i4q8_row_t1`);
-        // int8 in whole blocks, scaled per row or per block: one row at a time.
+        // Decode. The common integer formats stream one row at a time (see `i4q8_row_tn`):
+        // int8 in whole blocks, scaled per row or per block, and int4 as above.
         let i8_rows = match w.format {
             WeightFormat::I8Row => Some(false),
             WeightFormat::I8 { .. } if c.g == QBLOCK => Some(true),
@@ -492,15 +508,10 @@ pub unsafe fn matmul_rows(
             }
             return;
         }
-        // int4 in whole pairs with a scale per pair or per block: one row at a time.
-        if i4 && int8 && cols.is_multiple_of(2 * QBLOCK) && (c.g == 2 * QBLOCK || c.g == QBLOCK) {
-            let g32 = c.g == QBLOCK;
+        if let Some(tn) = row_tn {
             for r in rows {
-                *out.add(r) = if g32 {
-                    i4q8_row_t1::<true>(&c, r)
-                } else {
-                    i4q8_row_t1::<false>(&c, r)
-                };
+                tn[0](&c, r, 0, &mut o[..1]);
+                *out.add(r) = o[0];
             }
             return;
         }
@@ -537,22 +548,6 @@ pub unsafe fn matmul_rows(
         }
         return;
     }
-    // The batched-decode row kernel for every tile of at most 8 tokens: int4 in whole pairs
-    // scaled per pair or per block, with int8 activations (the conditions of the one-token
-    // path above). int8 rows keep the tiles: a row kernel of the same shape measured no
-    // faster (`kernel_bench 256 2 1,2,4,8`, int8-g32 and per-row int8).
-    let row_tn: Option<&[RowTn; TILE]> = match w.format {
-        WeightFormat::I4 { .. } if int8 && cols.is_multiple_of(2 * QBLOCK) => {
-            if c.g == QBLOCK {
-                Some(&I4_ROW_TN_G32)
-            } else if c.g == 2 * QBLOCK {
-                Some(&I4_ROW_TN_G64)
-            } else {
-                None
-            }
-        }
-        _ => None,
-    };
     if let (Some(tn), true) = (row_tn, n <= TILE) {
         // Batched decode: each row read once, its codes unpacked once for every token.
         for r in rows {
@@ -1067,7 +1062,7 @@ unsafe fn i8q8_tile<S: I8Scaling, const R: usize, const T: usize>(
 
 /// Decode of one int8 row (one token) with int8 activations, whole 32-element blocks, scaled
 /// per block (`GROUPED`, int8-g32) or per row: [`i8q8_tile`]'s arithmetic, bit for bit, one
-/// row at a time for the reason [`i4q8_row_t1`] gives.
+/// row at a time for the reason [`i4q8_row_tn`] gives.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn i8q8_row_t1<const GROUPED: bool>(c: &Ctx, r: usize) -> f32 {
     let blocks = c.cols / QBLOCK;
@@ -1264,9 +1259,10 @@ unsafe fn i4q8_tile<const R: usize, const T: usize>(
     }
 }
 
-/// Decode of one int4 row (one token) with int8 activations, the row's 32-element blocks in
-/// whole pairs, and a scale per pair (int4-g64, `G32 = false`) or per block (int4-g32):
-/// [`i4q8_tile`]'s arithmetic, bit for bit, without its bookkeeping.
+/// Decode of one int4 row for `T` tokens (1 to 8, of one packed tile) with int8
+/// activations, the row's 32-element blocks in whole pairs, and a scale per pair (int4-g64,
+/// `G32 = false`) or per block (int4-g32): [`i4q8_tile`]'s arithmetic per token, bit for bit,
+/// without its bookkeeping, the row's codes unpacked once for all the tokens.
 ///
 /// One row at a time, because a decode matvec is bound by memory, not arithmetic: rows are
 /// contiguous, so one row after another is a single sequential stream that the hardware
@@ -1274,93 +1270,13 @@ unsafe fn i4q8_tile<const R: usize, const T: usize>(
 /// Measured on Zen 3 AVX2 (2048 columns, 256 MiB, 2 threads): 21–25 GB/s against 21 for the
 /// four-row tile, and the OLMoE-1B-7B synth's decode 19–24 tok/s against 17–21, alternated;
 /// in the cache the four-row tile is faster (19 against 16 GB/s a core), which decode never is.
+/// For a batch of 2–8 tokens the tiles' 1 × T shape carries a scale window and k-blocking
+/// state built for prefill's long rows of tokens: this kernel, 4 tokens 65–79 → 79–110
+/// GMAC/s (`kernel_bench 256 2 1,2,4,8`, int4-g64, 2048 columns; docs/PERFORMANCE.md).
 ///
 /// The scales are converted 8 pairs at a time into a stack buffer (the tiles' 64-group window
 /// cost a fifth of the time on 1024-column rows), and with a scale per pair the code-offset
 /// correction `Σ s(p)·cp(p)` is accumulated from those same 8 scales.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn i4q8_row_t1<const G32: bool>(c: &Ctx, r: usize) -> f32 {
-    let pairs = c.cols / (2 * QBLOCK);
-    let ones = _mm256_set1_epi16(1);
-    let m0f = _mm256_set1_epi8(0x0F);
-    let w = c.row(r);
-    let sr = c.srow(r);
-    // One token: its pairs are consecutive units of the packed panel.
-    let slots = c.pairs.slots(0);
-    let base = c.pairs.base(0);
-    let qp = c.qp.add(base * 64);
-    let d8 = c.d8.add(base * 8);
-    let cr = c.corr8.add(base * 8);
-    let cp = c.input.q8_i4().cp.as_ptr();
-    let mut acc = _mm256_setzero_ps();
-    let mut cv = _mm256_setzero_ps();
-    // Scales of the next 8 pairs: one per pair, or (G32) one per block.
-    let mut sb = [0f32; 16];
-    macro_rules! pair {
-        ($p:expr, $k:expr) => {{
-            let (p, k): (usize, usize) = ($p, $k);
-            if p % 2 == 0 {
-                prefetch(w.add(p * 32 + PREFETCH));
-            }
-            let v = _mm256_loadu_si256(w.add(p * 32) as *const __m256i);
-            let lo = _mm256_and_si256(v, m0f);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
-            let qe = _mm256_loadu_si256(qp.add(p * slots * 64) as *const __m256i);
-            let qo = _mm256_loadu_si256(qp.add(p * slots * 64 + 32) as *const __m256i);
-            let s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, qe), _mm256_maddubs_epi16(hi, qo));
-            let mut iv = _mm256_madd_epi16(s16, ones);
-            let sv = if G32 {
-                iv = _mm256_sub_epi32(
-                    iv,
-                    _mm256_loadu_si256(cr.add(p * slots * 8) as *const __m256i),
-                );
-                _mm256_set_m128(
-                    _mm_broadcast_ss(sb.get_unchecked(2 * k + 1)),
-                    _mm_broadcast_ss(sb.get_unchecked(2 * k)),
-                )
-            } else {
-                _mm256_broadcast_ss(sb.get_unchecked(k))
-            };
-            let ds = _mm256_mul_ps(_mm256_loadu_ps(d8.add(p * slots * 8)), sv);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iv), ds, acc);
-        }};
-    }
-    let per = if G32 { 2 } else { 1 };
-    let mut p = 0;
-    while p + 8 <= pairs {
-        scales_f32(c.st, sr, per * p, &mut sb[..8 * per]);
-        if !G32 {
-            cv = _mm256_fmadd_ps(_mm256_loadu_ps(sb.as_ptr()), _mm256_loadu_ps(cp.add(p)), cv);
-        }
-        for k in 0..8 {
-            pair!(p + k, k);
-        }
-        p += 8;
-    }
-    let rest = pairs - p;
-    if rest > 0 {
-        scales_f32(c.st, sr, per * p, &mut sb[..rest * per]);
-        for k in 0..rest {
-            pair!(p + k, k);
-        }
-    }
-    // As the tile: the correction's vector part, then the pairs left over one by one.
-    let mut corr = 0f32;
-    if !G32 {
-        corr = hsum(cv);
-        for k in 0..rest {
-            corr = sb[k].mul_add(*cp.add(p + k), corr);
-        }
-    }
-    (hsum(acc) - corr) + 0.0
-}
-
-/// Batched decode (2–8 tokens of one packed tile) of one int4 row: [`i4q8_row_t1`]'s
-/// arithmetic for each token, bit for bit, with the row's codes unpacked once for all of
-/// them. The tiles' 1 × T shape does the same products but carries a 64-group scale window
-/// and k-blocking state built for prefill's long rows of tokens; a decode batch reads each row
-/// once and needs neither. Measured (`kernel_bench 256 2 1,2,4,8`, int4-g64, 2048 columns,
-/// 2 threads): 4 tokens 65–79 → 79–110 GMAC/s; details in docs/PERFORMANCE.md.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn i4q8_row_tn<const G32: bool, const T: usize>(
     c: &Ctx,

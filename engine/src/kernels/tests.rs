@@ -175,6 +175,22 @@ fn fast_paths_match_the_scalar_reference() {
     assert!(checked > 10_000, "{checked}");
 }
 
+/// `all` (the product of `m` with the tokens of `x`) holds, for each token, the bits that
+/// token gets alone.
+fn assert_each_token_alone_gives(m: &Matrix, x: &[f32], all: &[f32], what: &str) {
+    let (rows, cols) = (m.rows, m.cols);
+    let n = x.len() / cols;
+    for i in 0..n {
+        let mut one = vec![0f32; rows];
+        m.matmul(&x[i * cols..(i + 1) * cols], 1, &mut one);
+        assert_eq!(
+            &all[i * rows..(i + 1) * rows],
+            &one[..],
+            "{what} {rows}x{cols}: token {i} of {n}"
+        );
+    }
+}
+
 #[test]
 fn matmul_is_the_same_for_any_batch() {
     let mut rng = Rng(5);
@@ -193,15 +209,7 @@ fn matmul_is_the_same_for_any_batch() {
             let mut all = vec![0f32; n * rows];
             m.matmul(&x, n, &mut all);
             // Every token alone, and every window of 3 tokens, gives the same bits.
-            for i in 0..n {
-                let mut one = vec![0f32; rows];
-                m.matmul(&x[i * cols..(i + 1) * cols], 1, &mut one);
-                assert_eq!(
-                    &all[i * rows..(i + 1) * rows],
-                    &one[..],
-                    "{format:?} int8 {int8} {rows}x{cols}: token {i} of {n}"
-                );
-            }
+            assert_each_token_alone_gives(&m, &x, &all, &format!("{format:?} int8 {int8}"));
             for s in 0..n.saturating_sub(2) {
                 let mut three = vec![0f32; 3 * rows];
                 m.matmul(&x[s * cols..(s + 3) * cols], 3, &mut three);
@@ -252,15 +260,7 @@ fn batched_decode_rows_equal_one_token_at_a_time() {
                     &long[..n * rows],
                     "{format:?} {cols} cols, {n} tokens"
                 );
-                for i in 0..n {
-                    let mut one = vec![0f32; rows];
-                    m.matmul(&x[i * cols..(i + 1) * cols], 1, &mut one);
-                    assert_eq!(
-                        &all[i * rows..(i + 1) * rows],
-                        &one[..],
-                        "{format:?} {cols} cols: token {i} of {n}"
-                    );
-                }
+                assert_each_token_alone_gives(&m, &x[..n * cols], &all, &format!("{format:?}"));
             }
         }
     }

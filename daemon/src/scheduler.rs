@@ -1073,29 +1073,41 @@ impl Engine {
             self.cfg.solo_prefill_chunk.max(1)
         };
         let model = Arc::clone(&self.model);
-        // Every decode row (its pending token, with drafts after it when drafting), plus the
-        // first row (in arrival order) that still has prompt to feed.
+        // Every decode row (its pending token, with drafts after it when drafting), plus
+        // prompt rows in arrival order while the step's prompt budget (`chunk` tokens) lasts:
+        // prompts that arrive together start together (one step, one TTFT) instead of one
+        // step after another, and their sessions then decode in the same steps.
         let mut picked: Vec<Picked> = Vec::new();
         let mut failed: Vec<(usize, Status)> = Vec::new();
-        // A chunk of 0: the pacer wants a decode-only step (no prompt row this time).
-        let mut prefill_taken = chunk == 0;
+        // Prompt tokens this step may still carry; a chunk of 0: the pacer wants a
+        // decode-only step (no prompt this time).
+        let mut budget = chunk;
         for (i, row) in self.active.iter_mut().enumerate() {
             match row {
-                Row::Gen(g) if g.prompt_left == 0 || !prefill_taken => {
-                    prefill_taken |= g.prompt_left > 0;
-                    match g.spec.plan(&model, &mut g.gen, chunk) {
-                        Ok(plan) => picked.push(Picked {
-                            i,
-                            tokens: plan.tokens.clone(),
-                            logits: plan.logits,
-                            hidden: plan.hidden,
-                            plan: Some(plan),
-                        }),
+                Row::Gen(g) if g.prompt_left == 0 || budget > 0 => {
+                    let prompt = g.prompt_left > 0;
+                    match g
+                        .spec
+                        .plan(&model, &mut g.gen, if prompt { budget } else { chunk })
+                    {
+                        Ok(plan) => {
+                            if prompt {
+                                budget = budget.saturating_sub(plan.tokens.len());
+                            }
+                            picked.push(Picked {
+                                i,
+                                tokens: plan.tokens.clone(),
+                                logits: plan.logits,
+                                hidden: plan.hidden,
+                                plan: Some(plan),
+                            })
+                        }
                         Err(e) => failed.push((i, status_from_engine(&e))),
                     }
                 }
-                Row::Score(s) if !prefill_taken => {
-                    prefill_taken = true;
+                // Scoring and perplexity rows take a whole chunk, alone among prompts.
+                Row::Score(s) if budget == chunk && budget > 0 => {
+                    budget = 0;
                     let n = chunk.min(s.ids.len() - s.fed);
                     picked.push(Picked {
                         i,
@@ -1105,8 +1117,8 @@ impl Engine {
                         plan: None,
                     });
                 }
-                Row::Perplexity(p) if !prefill_taken => {
-                    prefill_taken = true;
+                Row::Perplexity(p) if budget == chunk && budget > 0 => {
+                    budget = 0;
                     let scored = chunk.min(perplexity::rows_per_chunk(self.model.info.vocab_size));
                     let (s, e, want) = perplexity::next_chunk(p.ctx, p.fed, chunk, scored)
                         .expect("a finished window is moved on right after its last chunk");

@@ -298,6 +298,65 @@ async fn concurrent_clients_get_their_solo_output() {
     );
 }
 
+/// Prompts that arrive together are fed in one step (within the step's prompt budget), so
+/// their sessions start and decode together: A arrives first; B and C arrive while the step
+/// that feeds A's prompt pauses (`COLIBRI_STEP_PAUSE_MS`). 4 tokens each: A's prompt step,
+/// one step with B's and C's prompts, then decode steps shared by all three make 5 steps;
+/// one prompt a step (the old rule) makes 6, and 4 if all three came before the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_arriving_together_share_a_step() {
+    let p = place();
+    let d = Daemon::start_with_env(
+        &p.socket,
+        &p.state,
+        &["--prefill-pace", "0"],
+        &[("COLIBRI_STEP_PAUSE_MS", "600")],
+    );
+    let mut c = d.client().await;
+    let dir = fixture("olmoe");
+    let r = Reference::load("olmoe");
+    let id = load(&mut c, &dir).await;
+    let prompts: Vec<Vec<u32>> = (0..3u32)
+        .map(|k| r.prompt_ids.iter().map(|t| (t + 11 * k) % 500).collect())
+        .collect();
+    let mut solo = Vec::new();
+    for q in &prompts {
+        solo.push(generate(&mut c, greedy(&id, q, 4)).await.unwrap().ids);
+    }
+    let before = c
+        .status(pb::StatusRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .models[0]
+        .steps;
+    let (mut ca, mut cb, mut cc) = (d.client().await, d.client().await, d.client().await);
+    let a = generate(&mut ca, greedy(&id, &prompts[0], 4));
+    let later = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::join!(
+            generate(&mut cb, greedy(&id, &prompts[1], 4)),
+            generate(&mut cc, greedy(&id, &prompts[2], 4))
+        )
+    };
+    let (ra, (rb, rc)) = tokio::join!(a, later);
+    for (k, run) in [ra, rb, rc].into_iter().enumerate() {
+        assert_eq!(run.unwrap().ids, solo[k], "prompt {k} batched vs alone");
+    }
+    let after = c
+        .status(pb::StatusRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .models[0]
+        .steps;
+    assert!(
+        after - before <= 5,
+        "{} steps for three 4-token generations that arrived together",
+        after - before
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_client_frees_its_slot_and_full_queue_is_resource_exhausted() {
     let p = place();

@@ -376,7 +376,10 @@ async fn phase(
     let before = model_status(c).await?;
     let tasks: Vec<_> = (0..n)
         .map(|k| {
-            let ids = prompts.get(1 + round * 64 + k, prompt);
+            // A prompt of its own for every (round, session count, session): a prompt seen
+            // before would be served from the daemon's prefix cache, and the TTFT of a phase
+            // would depend on the phases run before it.
+            let ids = prompts.get(1 + (round * 64 + n) * 64 + k, prompt);
             tokio::spawn(generate(c.clone(), model.to_string(), ids, tokens, None))
         })
         .collect();

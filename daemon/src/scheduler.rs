@@ -1086,10 +1086,8 @@ impl Engine {
             match row {
                 Row::Gen(g) if g.prompt_left == 0 || budget > 0 => {
                     let prompt = g.prompt_left > 0;
-                    match g
-                        .spec
-                        .plan(&model, &mut g.gen, if prompt { budget } else { chunk })
-                    {
+                    // (A decode row's plan takes no prompt tokens whatever the budget.)
+                    match g.spec.plan(&model, &mut g.gen, budget) {
                         Ok(plan) => {
                             if prompt {
                                 budget = budget.saturating_sub(plan.tokens.len());

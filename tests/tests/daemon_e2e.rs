@@ -97,6 +97,12 @@ fn greedy(model: &str, prompt: &[u32], max_tokens: u32) -> pb::GenerateRequest {
     }
 }
 
+/// Forward steps the first loaded model has run.
+async fn steps(c: &mut ColibriClient<Channel>) -> u64 {
+    let st = c.status(pb::StatusRequest {}).await.unwrap().into_inner();
+    st.models[0].steps
+}
+
 /// Loads a fixture through LoadModel and returns its canonical id.
 async fn load(c: &mut ColibriClient<Channel>, dir: &Path) -> String {
     load_model(c, &dir.display().to_string(), None).await.id
@@ -323,13 +329,7 @@ async fn prompts_arriving_together_share_a_step() {
     for q in &prompts {
         solo.push(generate(&mut c, greedy(&id, q, 4)).await.unwrap().ids);
     }
-    let before = c
-        .status(pb::StatusRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .models[0]
-        .steps;
+    let before = steps(&mut c).await;
     let (mut ca, mut cb, mut cc) = (d.client().await, d.client().await, d.client().await);
     let a = generate(&mut ca, greedy(&id, &prompts[0], 4));
     let later = async {
@@ -343,13 +343,7 @@ async fn prompts_arriving_together_share_a_step() {
     for (k, run) in [ra, rb, rc].into_iter().enumerate() {
         assert_eq!(run.unwrap().ids, solo[k], "prompt {k} batched vs alone");
     }
-    let after = c
-        .status(pb::StatusRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .models[0]
-        .steps;
+    let after = steps(&mut c).await;
     assert!(
         after - before <= 5,
         "{} steps for three 4-token generations that arrived together",

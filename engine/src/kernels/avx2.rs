@@ -490,9 +490,20 @@ pub unsafe fn matmul_rows(
         }
         _ => None,
     };
+    if let (Some(tn), true) = (row_tn, (1..=TILE).contains(&n)) {
+        // Decode and batched decode: each row read once, its codes unpacked once for every
+        // token.
+        for r in rows {
+            tn[n - 1](&c, r, &mut o[..n]);
+            for (j, v) in o[..n].iter().enumerate() {
+                *out.add(j * ld + r) = *v;
+            }
+        }
+        return;
+    }
     if n == 1 {
-        // Decode. The common integer formats stream one row at a time (see `i4q8_row_tn`):
-        // int8 in whole blocks, scaled per row or per block, and int4 as above.
+        // Decode. int8 in whole blocks, scaled per row or per block, streams one row at a
+        // time as int4 does above (see `i4q8_row_tn`).
         let i8_rows = match w.format {
             WeightFormat::I8Row => Some(false),
             WeightFormat::I8 { .. } if c.g == QBLOCK => Some(true),
@@ -505,13 +516,6 @@ pub unsafe fn matmul_rows(
                 } else {
                     i8q8_row_t1::<false>(&c, r)
                 };
-            }
-            return;
-        }
-        if let Some(tn) = row_tn {
-            for r in rows {
-                tn[0](&c, r, 0, &mut o[..1]);
-                *out.add(r) = o[0];
             }
             return;
         }
@@ -545,16 +549,6 @@ pub unsafe fn matmul_rows(
                 &mut o[..1],
             );
             *out.add(r) = o[0];
-        }
-        return;
-    }
-    if let (Some(tn), true) = (row_tn, n <= TILE) {
-        // Batched decode: each row read once, its codes unpacked once for every token.
-        for r in rows {
-            tn[n - 1](&c, r, 0, &mut o[..n]);
-            for (j, v) in o[..n].iter().enumerate() {
-                *out.add(j * ld + r) = *v;
-            }
         }
         return;
     }
@@ -1259,7 +1253,7 @@ unsafe fn i4q8_tile<const R: usize, const T: usize>(
     }
 }
 
-/// Decode of one int4 row for `T` tokens (1 to 8, of one packed tile) with int8
+/// Decode of one int4 row for `T` tokens (1 to 8: one packed tile) with int8
 /// activations, the row's 32-element blocks in whole pairs, and a scale per pair (int4-g64,
 /// `G32 = false`) or per block (int4-g32): [`i4q8_tile`]'s arithmetic per token, bit for bit,
 /// without its bookkeeping, the row's codes unpacked once for all the tokens.
@@ -1278,20 +1272,16 @@ unsafe fn i4q8_tile<const R: usize, const T: usize>(
 /// cost a fifth of the time on 1024-column rows), and with a scale per pair the code-offset
 /// correction `Σ s(p)·cp(p)` is accumulated from those same 8 scales.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn i4q8_row_tn<const G32: bool, const T: usize>(
-    c: &Ctx,
-    r: usize,
-    t0: usize,
-    out: &mut [f32],
-) {
+unsafe fn i4q8_row_tn<const G32: bool, const T: usize>(c: &Ctx, r: usize, out: &mut [f32]) {
     let pairs = c.cols / (2 * QBLOCK);
     let ones = _mm256_set1_epi16(1);
     let m0f = _mm256_set1_epi8(0x0F);
     let w = c.row(r);
     let sr = c.srow(r);
-    // Token t0 + j's pair p at unit `p·slots + j` of the packed panel.
-    let slots = c.pairs.slots(t0);
-    let base = c.pairs.base(t0);
+    // Token j's pair p at unit `p·slots + j` of the packed panel (the tokens are the first
+    // tile's: a decode batch is at most one tile).
+    let slots = c.pairs.slots(0);
+    let base = c.pairs.base(0);
     let qp = c.qp.add(base * 64);
     let d8 = c.d8.add(base * 8);
     let cr = c.corr8.add(base * 8);
@@ -1342,7 +1332,7 @@ unsafe fn i4q8_row_tn<const G32: bool, const T: usize>(
         if !G32 {
             let s8 = _mm256_loadu_ps(sb.as_ptr());
             for (j, v) in cv.iter_mut().enumerate() {
-                *v = _mm256_fmadd_ps(s8, _mm256_loadu_ps(cp.add((t0 + j) * pairs + p)), *v);
+                *v = _mm256_fmadd_ps(s8, _mm256_loadu_ps(cp.add(j * pairs + p)), *v);
             }
         }
         for k in 0..8 {
@@ -1362,15 +1352,15 @@ unsafe fn i4q8_row_tn<const G32: bool, const T: usize>(
         if !G32 {
             corr = hsum(cv[j]);
             for k in 0..rest {
-                corr = sb[k].mul_add(*cp.add((t0 + j) * pairs + p + k), corr);
+                corr = sb[k].mul_add(*cp.add(j * pairs + p + k), corr);
             }
         }
         out[j] = (hsum(acc[j]) - corr) + 0.0;
     }
 }
 
-/// [`i4q8_row_tn`] for one row and `T` tokens of a packed tile starting at `t0`.
-type RowTn = unsafe fn(&Ctx, usize, usize, &mut [f32]);
+/// [`i4q8_row_tn`] for one row and the first `T` tokens.
+type RowTn = unsafe fn(&Ctx, usize, &mut [f32]);
 
 macro_rules! row_tn_table {
     ($g32:literal) => {

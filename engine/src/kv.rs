@@ -399,6 +399,122 @@ pub mod ops {
             }
         }
 
+        /// One kv head's stored rows: position `j` (from the span's first) at `base + j·width`.
+        #[derive(Clone, Copy)]
+        struct Rows {
+            base: *const f16,
+            width: usize,
+        }
+
+        impl Rows {
+            #[inline(always)]
+            unsafe fn at(self, j: usize) -> *const f16 {
+                self.base.add(j * self.width)
+            }
+        }
+
+        /// The lane sums of eight accumulators, lane `i` of the result from `a[i]`, each by
+        /// the tree `((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7))` whatever the other seven hold:
+        /// a score's bits do not depend on which scores share its tile.
+        #[inline(always)]
+        unsafe fn lane_sums(a: &[__m256; 8]) -> __m256 {
+            let q0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+            let q1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+            // q0 = [a0..a3 over lanes 0-3, a0..a3 over lanes 4-7], q1 the same for a4..a7.
+            _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(q0, q1),
+                _mm256_permute2f128_ps::<0x31>(q0, q1),
+            )
+        }
+
+        /// `out[qi · P + p]` = dot of query head `qi` (of `Q`, `hd` apart from `q`) with the
+        /// key at `k[p]`: one FMA chain per (head, position) over the 8-element chunks, the
+        /// chains summed by [`lane_sums`], the elements past the last whole chunk added one by
+        /// one. Every (head, position) pair gets the same operations in every tile shape, so
+        /// a decode step (one query, 8 positions a tile) and a prefill block (8 queries, one
+        /// position a tile) give a score the same bits. A tile loads each key chunk once for
+        /// all `Q` heads and each query chunk once for all `P` positions (the one-dot loop
+        /// converted a key once per query head).
+        #[inline(always)]
+        unsafe fn dot_tile<const Q: usize, const P: usize>(
+            q: *const f32,
+            hd: usize,
+            k: &[*const f16; P],
+            out: &mut [f32; 8],
+        ) {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            let full = hd / 8 * 8;
+            let mut i = 0;
+            while i < full {
+                let mut kv = [_mm256_setzero_ps(); P];
+                for p in 0..P {
+                    kv[p] = load8(k[p].add(i));
+                }
+                for qi in 0..Q {
+                    let qv = _mm256_loadu_ps(q.add(qi * hd + i));
+                    for p in 0..P {
+                        acc[qi * P + p] = _mm256_fmadd_ps(qv, kv[p], acc[qi * P + p]);
+                    }
+                }
+                i += 8;
+            }
+            _mm256_storeu_ps(out.as_mut_ptr(), lane_sums(&acc));
+            for qi in 0..Q {
+                for p in 0..P {
+                    let s = &mut out[qi * P + p];
+                    for i in full..hd {
+                        *s += *q.add(qi * hd + i) * (*k[p].add(i)).to_f32();
+                    }
+                }
+            }
+        }
+
+        /// Scores of `Q` query heads (`ends` theirs, `scores` their first row) over the
+        /// positions they see, `P` positions a tile.
+        #[allow(clippy::too_many_arguments)]
+        #[inline(always)]
+        unsafe fn score_sweep<const Q: usize, const P: usize>(
+            row: Rows,
+            hd: usize,
+            q: *const f32,
+            ends: &[usize],
+            len: usize,
+            scale: f32,
+            scores: *mut f32,
+        ) {
+            let last = ends.iter().copied().max().unwrap_or(0);
+            let mut t = [0f32; 8];
+            let mut j = 0;
+            while j < last {
+                for p in 0..P {
+                    if j + AHEAD * P + p < last {
+                        prefetch_row(row.at(j + AHEAD * P + p), hd);
+                    }
+                }
+                if j + P <= last {
+                    let mut k = [std::ptr::null(); P];
+                    for (p, kp) in k.iter_mut().enumerate() {
+                        *kp = row.at(j + p);
+                    }
+                    dot_tile::<Q, P>(q, hd, &k, &mut t);
+                    for (qi, &e) in ends.iter().enumerate() {
+                        for p in 0..P.min(e.saturating_sub(j)) {
+                            *scores.add(qi * len + j + p) = t[qi * P + p] * scale;
+                        }
+                    }
+                    j += P;
+                } else {
+                    dot_tile::<Q, 1>(q, hd, &[row.at(j)], &mut t);
+                    for (qi, &e) in ends.iter().enumerate() {
+                        if j < e {
+                            *scores.add(qi * len + j) = t[qi] * scale;
+                        }
+                    }
+                    j += 1;
+                }
+            }
+        }
+
         #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = "avx2,fma,f16c")]
         pub unsafe fn group_scores(
@@ -415,15 +531,125 @@ pub mod ops {
             let g = qs.len() / hd;
             let len = scores.len() / g;
             let base = k.as_ptr().add(off);
-            for j in 0..len {
-                let row = base.add((first + j) * width);
-                if j + AHEAD < len {
-                    prefetch_row(row.add(AHEAD * width), hd);
+            let row = Rows {
+                base: base.add(first * width),
+                width,
+            };
+            // Query heads 8, 4, 2 or 1 at a time, with 8 (head, position) chains a tile.
+            let mut h0 = 0;
+            while h0 < g {
+                let (q, e, s) = (
+                    qs.as_ptr().add(h0 * hd),
+                    &ends[h0..],
+                    scores.as_mut_ptr().add(h0 * len),
+                );
+                h0 += match g - h0 {
+                    8.. => {
+                        score_sweep::<8, 1>(row, hd, q, &e[..8], len, scale, s);
+                        8
+                    }
+                    4.. => {
+                        score_sweep::<4, 2>(row, hd, q, &e[..4], len, scale, s);
+                        4
+                    }
+                    2.. => {
+                        score_sweep::<2, 4>(row, hd, q, &e[..2], len, scale, s);
+                        2
+                    }
+                    _ => {
+                        score_sweep::<1, 8>(row, hd, q, &e[..1], len, scale, s);
+                        1
+                    }
+                };
+            }
+        }
+
+        /// Positions a value sweep keeps in L1 (64 × 256 bytes for a 128-wide f16 head)
+        /// while its tiles go through the head's chunks.
+        const VALUE_BLOCK: usize = 64;
+
+        /// `o[h][c0 .. c0 + 8C] += Σ w[h][j] · v_j` for `H` heads over positions `j0..j1`,
+        /// the `H × C` sums in registers. Each element is the same FMA chain, position by
+        /// position, as one head alone with [`axpy`] gives.
+        #[allow(clippy::too_many_arguments)]
+        #[inline(always)]
+        unsafe fn value_tile<const H: usize, const C: usize>(
+            row: Rows,
+            hd: usize,
+            c0: usize,
+            (j0, j1): (usize, usize),
+            w: *const f32,
+            len: usize,
+            ends: &[usize],
+            o: *mut f32,
+        ) {
+            let mut acc = [[_mm256_setzero_ps(); C]; H];
+            for h in 0..H {
+                for c in 0..C {
+                    acc[h][c] = _mm256_loadu_ps(o.add(h * hd + c0 + 8 * c));
                 }
-                for (h, &end) in ends.iter().enumerate() {
-                    if j < end {
-                        *scores.get_unchecked_mut(h * len + j) =
-                            dot(qs.as_ptr().add(h * hd), row, hd) * scale;
+            }
+            // Every head sees j < its end: all of them up to the smallest end.
+            let all = ends.iter().copied().min().unwrap_or(0).clamp(j0, j1);
+            for j in j0..j1 {
+                let r = row.at(j).add(c0);
+                if c0 == 0 && j + 2 * AHEAD < j1 {
+                    prefetch_row(row.at(j + 2 * AHEAD), hd);
+                }
+                let mut vv = [_mm256_setzero_ps(); C];
+                for c in 0..C {
+                    vv[c] = load8(r.add(8 * c));
+                }
+                for h in 0..H {
+                    if j >= all && j >= ends[h] {
+                        continue;
+                    }
+                    let wb = _mm256_set1_ps(*w.add(h * len + j));
+                    for c in 0..C {
+                        acc[h][c] = _mm256_fmadd_ps(wb, vv[c], acc[h][c]);
+                    }
+                }
+            }
+            for h in 0..H {
+                for c in 0..C {
+                    _mm256_storeu_ps(o.add(h * hd + c0 + 8 * c), acc[h][c]);
+                }
+            }
+        }
+
+        /// [`value_tile`]s for `H` heads over every position they see, `VALUE_BLOCK`
+        /// positions at a time, then the elements past the last whole chunk one by one.
+        #[allow(clippy::too_many_arguments)]
+        #[inline(always)]
+        unsafe fn value_sweep<const H: usize, const C: usize>(
+            row: Rows,
+            hd: usize,
+            w: *const f32,
+            len: usize,
+            ends: &[usize],
+            o: *mut f32,
+        ) {
+            let last = ends.iter().copied().max().unwrap_or(0);
+            let chunks = hd / 8;
+            let mut j0 = 0;
+            while j0 < last {
+                let span = (j0, (j0 + VALUE_BLOCK).min(last));
+                let mut c = 0;
+                while c + C <= chunks {
+                    value_tile::<H, C>(row, hd, 8 * c, span, w, len, ends, o);
+                    c += C;
+                }
+                while c < chunks {
+                    value_tile::<H, 1>(row, hd, 8 * c, span, w, len, ends, o);
+                    c += 1;
+                }
+                j0 = span.1;
+            }
+            for (h, &e) in ends.iter().enumerate() {
+                for j in 0..e {
+                    let (r, wj) = (row.at(j), *w.add(h * len + j));
+                    for i in chunks * 8..hd {
+                        *o.add(h * hd + i) += wj * (*r.add(i)).to_f32();
                     }
                 }
             }
@@ -444,21 +670,32 @@ pub mod ops {
             let g = o.len() / hd;
             let len = w.len() / g;
             let base = v.as_ptr().add(off);
-            for j in 0..len {
-                let row = base.add((first + j) * width);
-                if j + AHEAD < len {
-                    prefetch_row(row.add(AHEAD * width), hd);
-                }
-                for (h, &end) in ends.iter().enumerate() {
-                    if j < end {
-                        axpy(
-                            o.as_mut_ptr().add(h * hd),
-                            *w.get_unchecked(h * len + j),
-                            row,
-                            hd,
-                        );
+            let row = Rows {
+                base: base.add(first * width),
+                width,
+            };
+            // Heads 4, 2 or 1 at a time with 8 sums a tile in registers.
+            let mut h0 = 0;
+            while h0 < g {
+                let (wp, e, op) = (
+                    w.as_ptr().add(h0 * len),
+                    &ends[h0..],
+                    o.as_mut_ptr().add(h0 * hd),
+                );
+                h0 += match g - h0 {
+                    4.. => {
+                        value_sweep::<4, 2>(row, hd, wp, len, &e[..4], op);
+                        4
                     }
-                }
+                    2.. => {
+                        value_sweep::<2, 4>(row, hd, wp, len, &e[..2], op);
+                        2
+                    }
+                    _ => {
+                        value_sweep::<1, 8>(row, hd, wp, len, &e[..1], op);
+                        1
+                    }
+                };
             }
         }
 
@@ -941,25 +1178,32 @@ mod tests {
             }
         }
         // Rows of a block (a prefill's attention task): query heads with their own causal
-        // ends give, head by head, the bits of a call for that head alone.
-        let (hd, width, len, g) = (32, 64, 23, 9);
-        let kf: Vec<f32> = (0..len * width).map(|_| rnd()).collect();
-        let mut kb = KvBuf::new(KvDtype::F16);
-        kb.extend_from_f32(&kf);
-        let qs: Vec<f32> = (0..g * hd).map(|_| rnd()).collect();
-        let ends = [23, 23, 20, 23, 23, 9, 23, 1, 23];
-        let mut sc = vec![0f32; g * len];
-        ops::group_scores(&kb, width, hd, hd, 0, &qs, &ends, 0.5, &mut sc);
-        let mut o = vec![0f32; g * hd];
-        ops::group_values(&kb, width, hd, hd, 0, &sc, &ends, &mut o);
-        for (h, &e) in ends.iter().enumerate() {
-            let mut one = vec![0f32; e];
-            let q1 = &qs[h * hd..(h + 1) * hd];
-            ops::group_scores(&kb, width, hd, hd, 0, q1, &[e], 0.5, &mut one);
-            assert_eq!(&sc[h * len..h * len + e], &one[..], "scores of head {h}");
-            let mut o1 = vec![0f32; hd];
-            ops::group_values(&kb, width, hd, hd, 0, &one, &[e], &mut o1);
-            assert_eq!(&o[h * hd..(h + 1) * hd], &o1[..], "values of head {h}");
+        // ends give, head by head, the bits of a call for that head alone, whatever tile
+        // shapes the two calls take (9 heads: 8 + 1; 5: 4 + 1; alone: 1 × 8 positions), also
+        // with a head width that leaves elements past the last whole chunk (36).
+        for (hd, g) in [(32, 9), (36, 9), (36, 5), (64, 3)] {
+            let (width, len) = (2 * hd, 23);
+            let kf: Vec<f32> = (0..len * width).map(|_| rnd()).collect();
+            let mut kb = KvBuf::new(KvDtype::F16);
+            kb.extend_from_f32(&kf);
+            let qs: Vec<f32> = (0..g * hd).map(|_| rnd()).collect();
+            let ends = &[23, 23, 20, 23, 23, 9, 23, 1, 23][..g];
+            let mut sc = vec![0f32; g * len];
+            ops::group_scores(&kb, width, hd, hd, 0, &qs, ends, 0.5, &mut sc);
+            let mut o = vec![0f32; g * hd];
+            ops::group_values(&kb, width, hd, hd, 0, &sc, ends, &mut o);
+            for (h, &e) in ends.iter().enumerate() {
+                let mut one = vec![0f32; e];
+                let q1 = &qs[h * hd..(h + 1) * hd];
+                ops::group_scores(&kb, width, hd, hd, 0, q1, &[e], 0.5, &mut one);
+                assert_eq!(&sc[h * len..h * len + e], &one[..], "scores of head {h}");
+                let mut o1 = vec![0f32; hd];
+                ops::group_values(&kb, width, hd, hd, 0, &one, &[e], &mut o1);
+                assert_eq!(&o[h * hd..(h + 1) * hd], &o1[..], "values of head {h}");
+                let KvBuf::F16(kh) = &kb else { unreachable!() };
+                let want = ops::dot_f16_scalar(q1, &kh[(e - 1) * width + hd..e * width]) * 0.5;
+                assert!((one[e - 1] - want).abs() <= 1e-5, "head {h} vs scalar");
+            }
         }
         // Out of range values are clamped, never infinite.
         let mut b = KvBuf::new(KvDtype::F16);

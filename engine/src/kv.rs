@@ -324,6 +324,8 @@ pub mod ops {
     }
 
     #[cfg(target_arch = "x86_64")]
+    // Register tiles index their accumulators by (head, chunk): the index is the point.
+    #[allow(clippy::needless_range_loop)]
     mod x86 {
         use half::f16;
         use std::arch::x86_64::*;

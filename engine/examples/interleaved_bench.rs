@@ -1,0 +1,242 @@
+//! A prototype of issue 11's row-interleaved int4 layout, measured against the tiles colibri
+//! runs today on the same shape, one thread, CPU time, alternating:
+//!
+//! cargo run --release -p colibri-engine --example interleaved_bench -- [ROWS] [COLS] [TOKENS] [ROUNDS]
+//!
+//! Today's int4 × int8 tile accumulates one (row, token) in a vector, so every 64 weights of
+//! every (row, token) pay a convert, a scale multiply and an FMA: 5 operations on the two
+//! multiply pipes per 64 MACs of which 2 are float. Interleaving 8 rows so that lane `r` of
+//! a vector is row `r` lets the integer sums of a 32-element block stay in int16 across the
+//! block (8 `maddubs`, at most 8 · 2 · 15 · 127 = 30 480) and pay one `madd`, one convert, one
+//! multiply and one FMA for 8 rows at once: 11 multiply-pipe operations per 256 MACs
+//! against 20. This example checks the prototype against a scalar reference and prints both
+//! kernels' GMAC/s; it is not wired into the engine (docs/PERFORMANCE.md).
+
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::needless_range_loop)]
+mod proto {
+    use std::arch::x86_64::*;
+
+    /// 8 rows × `cols` int4 codes (0..15, value `q − 8`), interleaved: for every 8 columns
+    /// `k0..k0 + 8`, 32 bytes whose dword `r` holds row `r`'s columns `k0..k0 + 4` in the low
+    /// nibbles and `k0 + 4..k0 + 8` in the high ones.
+    pub fn interleave(codes: &[u8], cols: usize) -> Vec<u8> {
+        let mut out = vec![0u8; 4 * cols];
+        for k8 in 0..cols / 8 {
+            for r in 0..8 {
+                for i in 0..4 {
+                    let lo = codes[r * cols + k8 * 8 + i];
+                    let hi = codes[r * cols + k8 * 8 + 4 + i];
+                    out[k8 * 32 + r * 4 + i] = lo | (hi << 4);
+                }
+            }
+        }
+        out
+    }
+
+    /// Prepared activations of one token: int8 codes, a scale and `8 · Σ codes` per block of 32.
+    pub struct Act {
+        pub q: Vec<i8>,
+        pub d: Vec<f32>,
+        pub c8: Vec<i32>,
+    }
+
+    /// `out[t · 8 + r]` = row `r` · token `t` for 4 tokens, the rows' scales `s`
+    /// (`blocks × 8`, block-major).
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn tile_8x4(w: &[u8], s: &[f32], acts: &[&Act; 4], cols: usize, out: &mut [f32]) {
+        let m0f = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for b in 0..cols / 32 {
+            let mut s16 = [_mm256_setzero_si256(); 4];
+            for v in 0..4 {
+                let k0 = b * 32 + v * 8;
+                let x = _mm256_loadu_si256(w.as_ptr().add(k0 * 4) as *const __m256i);
+                let lo = _mm256_and_si256(x, m0f);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m0f);
+                for t in 0..4 {
+                    let qa = acts[t].q.as_ptr().add(k0) as *const i32;
+                    let a0 = _mm256_set1_epi32(qa.read_unaligned());
+                    let a1 = _mm256_set1_epi32(qa.add(1).read_unaligned());
+                    s16[t] = _mm256_add_epi16(
+                        s16[t],
+                        _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo, a0),
+                            _mm256_maddubs_epi16(hi, a1),
+                        ),
+                    );
+                }
+            }
+            let sv = _mm256_loadu_ps(s.as_ptr().add(b * 8));
+            for t in 0..4 {
+                let i32s = _mm256_sub_epi32(
+                    _mm256_madd_epi16(s16[t], ones),
+                    _mm256_set1_epi32(acts[t].c8[b]),
+                );
+                let ds = _mm256_mul_ps(sv, _mm256_set1_ps(acts[t].d[b]));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32s), ds, acc[t]);
+            }
+        }
+        for t in 0..4 {
+            _mm256_storeu_ps(out.as_mut_ptr().add(t * 8), acc[t]);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn main() {
+    use colibri_engine::bench::random_matrix;
+    use colibri_engine::tensor::{ScaleType, WeightFormat};
+    use proto::*;
+
+    let arg = |i: usize, d: usize| {
+        std::env::args()
+            .nth(i)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(d)
+    };
+    let (rows, cols, tokens, rounds) = (arg(1, 512), arg(2, 2048), arg(3, 64), arg(4, 5));
+    assert!(rows % 8 == 0 && cols % 64 == 0 && tokens % 4 == 0);
+    if !is_x86_feature_detected!("avx2") || !is_x86_feature_detected!("fma") {
+        println!("needs AVX2 and FMA");
+        return;
+    }
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let blocks = cols / 32;
+    let codes: Vec<u8> = (0..rows * cols).map(|_| (rnd() % 16) as u8).collect();
+    let scales: Vec<f32> = (0..rows * blocks)
+        .map(|_| 0.01 + (rnd() % 1000) as f32 * 1e-5)
+        .collect();
+    let acts: Vec<Act> = (0..tokens)
+        .map(|_| {
+            let q: Vec<i8> = (0..cols)
+                .map(|_| ((rnd() % 255) as i32 - 127) as i8)
+                .collect();
+            let d = (0..blocks)
+                .map(|_| 0.001 + (rnd() % 100) as f32 * 1e-5)
+                .collect();
+            let c8 = q
+                .chunks(32)
+                .map(|c| 8 * c.iter().map(|&x| x as i32).sum::<i32>())
+                .collect();
+            Act { q, d, c8 }
+        })
+        .collect();
+    // Per group of 8 rows: the interleaved codes and the scales block-major.
+    let groups: Vec<(Vec<u8>, Vec<f32>)> = (0..rows / 8)
+        .map(|g| {
+            let w = interleave(&codes[g * 8 * cols..(g + 1) * 8 * cols], cols);
+            let mut s = vec![0f32; blocks * 8];
+            for b in 0..blocks {
+                for r in 0..8 {
+                    s[b * 8 + r] = scales[(g * 8 + r) * blocks + b];
+                }
+            }
+            (w, s)
+        })
+        .collect();
+    let run = |out: &mut [f32]| {
+        for (g, (w, s)) in groups.iter().enumerate() {
+            for t0 in (0..tokens).step_by(4) {
+                let a = [&acts[t0], &acts[t0 + 1], &acts[t0 + 2], &acts[t0 + 3]];
+                let mut o = [0f32; 32];
+                // SAFETY: AVX2 and FMA detected above; every index is inside its buffer.
+                unsafe { tile_8x4(w, s, &a, cols, &mut o) };
+                for t in 0..4 {
+                    out[(t0 + t) * rows + g * 8..(t0 + t) * rows + g * 8 + 8]
+                        .copy_from_slice(&o[t * 8..t * 8 + 8]);
+                }
+            }
+        }
+    };
+    // Correctness against a scalar reference in f64.
+    let mut out = vec![0f32; tokens * rows];
+    run(&mut out);
+    let mut worst = 0f64;
+    for t in 0..tokens {
+        for r in 0..rows {
+            let mut want = 0f64;
+            for b in 0..blocks {
+                let mut i = 0i64;
+                for k in b * 32..b * 32 + 32 {
+                    i += (codes[r * cols + k] as i64 - 8) * acts[t].q[k] as i64;
+                }
+                want += i as f64 * scales[r * blocks + b] as f64 * acts[t].d[b] as f64;
+            }
+            let got = out[t * rows + r] as f64;
+            worst = worst.max((got - want).abs() / want.abs().max(1e-3));
+        }
+    }
+    assert!(
+        worst < 1e-3,
+        "prototype differs from the reference: {worst:e}"
+    );
+    println!("prototype matches the scalar reference (worst relative error {worst:.1e})");
+
+    // Today's tiles on the same shape (int4-g32 and -g64, int8 activations).
+    let x: Vec<f32> = (0..tokens * cols)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect();
+    let formats = [32, 64].map(|group| {
+        let mut m = random_matrix(
+            rows,
+            cols,
+            WeightFormat::I4 {
+                group,
+                scale: ScaleType::F16,
+            },
+            7,
+        );
+        m.int8_act = true;
+        (group, m)
+    });
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let macs = (rows * cols * tokens) as f64;
+    let best = |f: &mut dyn FnMut()| {
+        let mut b = f64::INFINITY;
+        for _ in 0..5 {
+            let c = cpu_s();
+            f();
+            b = b.min(cpu_s() - c);
+        }
+        macs / b / 1e9
+    };
+    println!("{rows} rows × {cols} columns × {tokens} tokens, one thread, CPU time, GMAC/s:");
+    for round in 1..=rounds {
+        let mut line = format!("round {round}:");
+        let p = best(&mut || run(&mut out));
+        line.push_str(&format!("  interleaved 8×4 {p:6.1}"));
+        for (group, m) in &formats {
+            let mut o = vec![0f32; tokens * rows];
+            let t = pool.install(|| best(&mut || m.matmul(&x, tokens, &mut o)));
+            line.push_str(&format!("  today int4-g{group} {t:6.1}"));
+        }
+        println!("{line}");
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn cpu_s() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn main() {
+    println!("x86-64 only");
+}

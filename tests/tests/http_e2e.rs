@@ -706,11 +706,15 @@ async fn a_dropped_stream_frees_its_slot_and_a_full_queue_is_429() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pings_keep_a_long_prefill_alive() {
-    // One prompt token per step and a ping after 2 ms of silence: the prefill of a
-    // 250-token prompt takes many pings' time.
-    let (s, _c) = serve(
+    // One prompt token per step, a 3 ms pause after every step (the scheduler's test hook)
+    // and a ping after 2 ms of silence: the prefill of a 250-token prompt takes many pings'
+    // time however fast the machine is. Without the pause the fixture's steps are tens of
+    // microseconds, and on a loaded machine the whole prefill could end before the ping
+    // timer ran.
+    let (s, _c) = serve_env(
         &["--solo-prefill-chunk", "1", "--http-ping", "0.002"],
         &["olmoe"],
+        &[("COLIBRI_STEP_PAUSE_MS", "3")],
     )
     .await;
     let addr = s.addr;

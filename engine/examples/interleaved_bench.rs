@@ -3,6 +3,8 @@
 //!
 //! cargo run --release -p colibri-engine --example interleaved_bench -- [ROWS] [COLS] [TOKENS] [ROUNDS]
 //!
+//! TOKENS = 1 measures decode instead: the matvec over a 256 MiB matrix on both layouts, GB/s.
+//!
 //! Today's int4 × int8 tile accumulates one (row, token) in a vector, so every 64 weights of
 //! every (row, token) pay a convert, a scale multiply and an FMA: 5 operations on the two
 //! multiply pipes per 64 MACs of which 2 are float. Interleaving 8 rows so that lane `r` of
@@ -82,6 +84,40 @@ mod proto {
             _mm256_storeu_ps(out.as_mut_ptr().add(t * 8), acc[t]);
         }
     }
+
+    /// Decode on the same layout: 8 rows × 1 token, the rows' scales in f16 (`blocks × 8`
+    /// half-floats, 2 bytes per 32 weights as int4-g32 today), one sequential stream.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn tile_8x1(w: *const u8, s: *const u16, act: &Act, cols: usize) -> __m256 {
+        let m0f = _mm256_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = _mm256_setzero_ps();
+        for b in 0..cols / 32 {
+            let mut s16 = _mm256_setzero_si256();
+            for v in 0..4 {
+                let k0 = b * 32 + v * 8;
+                if v % 2 == 0 {
+                    // 6 KiB ahead, as the engine's row kernels do.
+                    _mm_prefetch::<_MM_HINT_T0>(w.add(k0 * 4 + 6144) as *const i8);
+                }
+                let x = _mm256_loadu_si256(w.add(k0 * 4) as *const __m256i);
+                let lo = _mm256_and_si256(x, m0f);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m0f);
+                let qa = act.q.as_ptr().add(k0) as *const i32;
+                let a0 = _mm256_set1_epi32(qa.read_unaligned());
+                let a1 = _mm256_set1_epi32(qa.add(1).read_unaligned());
+                s16 = _mm256_add_epi16(
+                    s16,
+                    _mm256_add_epi16(_mm256_maddubs_epi16(lo, a0), _mm256_maddubs_epi16(hi, a1)),
+                );
+            }
+            let i32s = _mm256_sub_epi32(_mm256_madd_epi16(s16, ones), _mm256_set1_epi32(act.c8[b]));
+            let sv = _mm256_cvtph_ps(_mm_loadu_si128(s.add(b * 8) as *const __m128i));
+            let ds = _mm256_mul_ps(sv, _mm256_set1_ps(act.d[b]));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32s), ds, acc);
+        }
+        acc
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -97,9 +133,12 @@ fn main() {
             .unwrap_or(d)
     };
     let (rows, cols, tokens, rounds) = (arg(1, 512), arg(2, 2048), arg(3, 64), arg(4, 5));
-    assert!(rows % 8 == 0 && cols % 64 == 0 && tokens % 4 == 0);
-    if !is_x86_feature_detected!("avx2") || !is_x86_feature_detected!("fma") {
-        println!("needs AVX2 and FMA");
+    assert!(rows % 8 == 0 && cols % 64 == 0 && (tokens == 1 || tokens % 4 == 0));
+    if !is_x86_feature_detected!("avx2")
+        || !is_x86_feature_detected!("fma")
+        || !is_x86_feature_detected!("f16c")
+    {
+        println!("needs AVX2, FMA and F16C");
         return;
     }
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
@@ -129,6 +168,10 @@ fn main() {
             Act { q, d, c8 }
         })
         .collect();
+    if tokens == 1 {
+        decode(rows, cols, &codes, &scales, &acts[0], rounds);
+        return;
+    }
     // Per group of 8 rows: the interleaved codes and the scales block-major.
     let groups: Vec<(Vec<u8>, Vec<f32>)> = (0..rows / 8)
         .map(|g| {
@@ -222,6 +265,110 @@ fn main() {
             line.push_str(&format!("  today int4-g{group} {t:6.1}"));
         }
         println!("{line}");
+    }
+}
+
+/// Decode's matvec on the interleaved layout against today's row kernel, both streaming a
+/// matrix far larger than the caches: GB/s of weights and scales, one thread, CPU time.
+/// The first `check` rows are compared with an f64 reference; the rest repeat them.
+#[cfg(target_arch = "x86_64")]
+fn decode(
+    check: usize,
+    cols: usize,
+    codes: &[u8],
+    scales: &[f32],
+    act: &proto::Act,
+    rounds: usize,
+) {
+    use colibri_engine::bench::random_matrix;
+    use colibri_engine::tensor::{ScaleType, WeightFormat};
+    let blocks = cols / 32;
+    let group_bytes = 4 * cols + 16 * blocks;
+    let groups = (256usize << 20) / group_bytes;
+    let mut w = vec![0u8; groups * group_bytes];
+    for g in 0..groups {
+        let c = g % (check / 8);
+        let dst = &mut w[g * group_bytes..(g + 1) * group_bytes];
+        dst[..4 * cols].copy_from_slice(&proto::interleave(
+            &codes[c * 8 * cols..(c + 1) * 8 * cols],
+            cols,
+        ));
+        for b in 0..blocks {
+            for r in 0..8 {
+                let h = half::f16::from_f32(scales[(c * 8 + r) * blocks + b]).to_bits();
+                dst[4 * cols + (b * 8 + r) * 2..4 * cols + (b * 8 + r) * 2 + 2]
+                    .copy_from_slice(&h.to_le_bytes());
+            }
+        }
+    }
+    let mut out = vec![0f32; groups * 8];
+    let run = |out: &mut [f32]| {
+        for g in 0..groups {
+            let p = w.as_ptr().wrapping_add(g * group_bytes);
+            // SAFETY: AVX2, FMA and F16C detected; group g's bytes are inside `w`.
+            let v = unsafe { proto::tile_8x1(p, p.add(4 * cols) as *const u16, act, cols) };
+            let mut o = [0f32; 8];
+            // SAFETY: 8 floats into an 8-float array.
+            unsafe { std::arch::x86_64::_mm256_storeu_ps(o.as_mut_ptr(), v) };
+            out[g * 8..g * 8 + 8].copy_from_slice(&o);
+        }
+    };
+    run(&mut out);
+    let mut worst = 0f64;
+    for r in 0..check.min(groups * 8) {
+        let mut want = 0f64;
+        for b in 0..blocks {
+            let mut i = 0i64;
+            for k in b * 32..b * 32 + 32 {
+                i += (codes[r * cols + k] as i64 - 8) * act.q[k] as i64;
+            }
+            let s = half::f16::from_f32(scales[r * blocks + b]).to_f32();
+            want += i as f64 * s as f64 * act.d[b] as f64;
+        }
+        worst = worst.max((out[r] as f64 - want).abs() / want.abs().max(1e-3));
+    }
+    assert!(
+        worst < 1e-3,
+        "decode prototype differs from the reference: {worst:e}"
+    );
+    let mut m = random_matrix(
+        groups * 8,
+        cols,
+        WeightFormat::I4 {
+            group: 32,
+            scale: ScaleType::F16,
+        },
+        7,
+    );
+    m.int8_act = true;
+    let x: Vec<f32> = (0..cols)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    println!(
+        "decode, {} rows × {cols} columns, {} MiB interleaved / {} MiB today, one thread, CPU time; matches the reference ({worst:.1e}):",
+        groups * 8,
+        w.len() >> 20,
+        m.size_bytes() >> 20
+    );
+    let best = |f: &mut dyn FnMut()| {
+        let mut b = f64::INFINITY;
+        for _ in 0..5 {
+            let c = cpu_s();
+            f();
+            b = b.min(cpu_s() - c);
+        }
+        b
+    };
+    for round in 1..=rounds {
+        let p = w.len() as f64 / best(&mut || run(&mut out)) / 1e9;
+        let mut o = vec![0f32; groups * 8];
+        let t =
+            m.size_bytes() as f64 / pool.install(|| best(&mut || m.matmul(&x, 1, &mut o))) / 1e9;
+        println!("round {round}:  interleaved 8×1 {p:6.1} GB/s  today int4-g32 {t:6.1} GB/s");
     }
 }
 

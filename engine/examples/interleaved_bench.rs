@@ -122,7 +122,7 @@ mod proto {
 
 #[cfg(target_arch = "x86_64")]
 fn main() {
-    use colibri_engine::bench::random_matrix;
+    use colibri_engine::bench::{best_cpu_seconds, random_matrix};
     use colibri_engine::tensor::{ScaleType, WeightFormat};
     use proto::*;
 
@@ -245,15 +245,7 @@ fn main() {
         .build()
         .unwrap();
     let macs = (rows * cols * tokens) as f64;
-    let best = |f: &mut dyn FnMut()| {
-        let mut b = f64::INFINITY;
-        for _ in 0..5 {
-            let c = cpu_s();
-            f();
-            b = b.min(cpu_s() - c);
-        }
-        macs / b / 1e9
-    };
+    let best = |f: &mut dyn FnMut()| macs / best_cpu_seconds(5, f) / 1e9;
     println!("{rows} rows × {cols} columns × {tokens} tokens, one thread, CPU time, GMAC/s:");
     for round in 1..=rounds {
         let mut line = format!("round {round}:");
@@ -280,7 +272,7 @@ fn decode(
     act: &proto::Act,
     rounds: usize,
 ) {
-    use colibri_engine::bench::random_matrix;
+    use colibri_engine::bench::{best_cpu_seconds, random_matrix};
     use colibri_engine::tensor::{ScaleType, WeightFormat};
     let blocks = cols / 32;
     let group_bytes = 4 * cols + 16 * blocks;
@@ -354,15 +346,7 @@ fn decode(
         w.len() >> 20,
         m.size_bytes() >> 20
     );
-    let best = |f: &mut dyn FnMut()| {
-        let mut b = f64::INFINITY;
-        for _ in 0..5 {
-            let c = cpu_s();
-            f();
-            b = b.min(cpu_s() - c);
-        }
-        b
-    };
+    let best = |f: &mut dyn FnMut()| best_cpu_seconds(5, f);
     for round in 1..=rounds {
         let p = w.len() as f64 / best(&mut || run(&mut out)) / 1e9;
         let mut o = vec![0f32; groups * 8];
@@ -370,17 +354,6 @@ fn decode(
             m.size_bytes() as f64 / pool.install(|| best(&mut || m.matmul(&x, 1, &mut o))) / 1e9;
         println!("round {round}:  interleaved 8×1 {p:6.1} GB/s  today int4-g32 {t:6.1} GB/s");
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn cpu_s() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 #[cfg(not(target_arch = "x86_64"))]

@@ -6,22 +6,10 @@
 //! N the activation rows (1 = decode's matvec; 8..512 = prefill). Prints GB/s of weights and
 //! GMAC/s, and the read bandwidth measured in the same run for MIB >= 64.
 
-use colibri_engine::bench::{random_bytes, random_matrix, read_bandwidth};
+use colibri_engine::bench::{cpu_seconds as cpu_s, random_bytes, random_matrix, read_bandwidth};
 use colibri_engine::kernels;
 use colibri_engine::tensor::{ScaleType, WeightFormat};
 use std::time::Instant;
-
-/// CPU seconds of this process: with one thread, immune to the time other processes take
-/// the core (the development machine is shared); with several, wall time is used instead.
-fn cpu_s() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

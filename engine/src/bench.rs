@@ -60,6 +60,38 @@ pub fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
     v
 }
 
+/// CPU seconds used by this process so far: with one thread at work, immune to the time
+/// other processes take the core (the development machines are shared). Wall-clock seconds
+/// since the first call where the platform has no process CPU clock.
+pub fn cpu_seconds() -> f64 {
+    #[cfg(unix)]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid timespec to fill.
+        unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    }
+    #[cfg(not(unix))]
+    {
+        static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        START.get_or_init(Instant::now).elapsed().as_secs_f64()
+    }
+}
+
+/// The least [`cpu_seconds`] one call of `f` took over `reps` calls.
+pub fn best_cpu_seconds(reps: usize, f: &mut dyn FnMut()) -> f64 {
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        let c = cpu_seconds();
+        f();
+        best = best.min(cpu_seconds() - c);
+    }
+    best
+}
+
 /// Memory read bandwidth (bytes/s) over `buf` with the current rayon pool.
 pub fn read_bandwidth(buf: &[u8], reps: usize) -> f64 {
     let threads = rayon::current_num_threads().max(1);

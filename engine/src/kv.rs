@@ -409,6 +409,15 @@ pub mod ops {
         }
 
         impl Rows {
+            /// The `hd` elements at `off` of every `width`-element position of `buf`, from
+            /// position `first`.
+            unsafe fn new(buf: &[f16], off: usize, first: usize, width: usize) -> Rows {
+                Rows {
+                    base: buf.as_ptr().add(off + first * width),
+                    width,
+                }
+            }
+
             #[inline(always)]
             unsafe fn at(self, j: usize) -> *const f16 {
                 self.base.add(j * self.width)
@@ -532,11 +541,7 @@ pub mod ops {
         ) {
             let g = qs.len() / hd;
             let len = scores.len() / g;
-            let base = k.as_ptr().add(off);
-            let row = Rows {
-                base: base.add(first * width),
-                width,
-            };
+            let row = Rows::new(k, off, first, width);
             // Query heads 8, 4, 2 or 1 at a time, with 8 (head, position) chains a tile.
             let mut h0 = 0;
             while h0 < g {
@@ -591,8 +596,6 @@ pub mod ops {
                     acc[h][c] = _mm256_loadu_ps(o.add(h * hd + c0 + 8 * c));
                 }
             }
-            // Every head sees j < its end: all of them up to the smallest end.
-            let all = ends.iter().copied().min().unwrap_or(0).clamp(j0, j1);
             for j in j0..j1 {
                 let r = row.at(j).add(c0);
                 if c0 == 0 && j + 2 * AHEAD < j1 {
@@ -603,7 +606,8 @@ pub mod ops {
                     vv[c] = load8(r.add(8 * c));
                 }
                 for h in 0..H {
-                    if j >= all && j >= ends[h] {
+                    // Each head sees the positions before its own causal end.
+                    if j >= ends[h] {
                         continue;
                     }
                     let wb = _mm256_set1_ps(*w.add(h * len + j));
@@ -671,11 +675,7 @@ pub mod ops {
         ) {
             let g = o.len() / hd;
             let len = w.len() / g;
-            let base = v.as_ptr().add(off);
-            let row = Rows {
-                base: base.add(first * width),
-                width,
-            };
+            let row = Rows::new(v, off, first, width);
             // Heads 4, 2 or 1 at a time with 8 sums a tile in registers.
             let mut h0 = 0;
             while h0 < g {

@@ -349,6 +349,7 @@ impl Matrix {
             data: self.data.bytes(),
             scales: self.scales.as_ref().map_or(&[], |s| s.bytes()),
             int8: self.int8_act && kernels::q8_supported(self.format, self.cols),
+            rows8: kernels::int4_rows8(),
         }
     }
 

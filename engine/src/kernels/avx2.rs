@@ -413,6 +413,10 @@ pub unsafe fn matmul_rows(
     out: *mut f32,
     ld: usize,
 ) {
+    if w.rows8 && super::avx2_rows8::serves(w) {
+        // int4-g32/g64 with int8 activations: 8 rows in the lanes, every token count.
+        return super::avx2_rows8::matmul_rows(w, input, rows, out, ld);
+    }
     let cols = w.cols;
     let n = input.n;
     let int8 = w.int8;

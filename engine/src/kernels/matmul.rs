@@ -16,6 +16,9 @@ pub struct Weights<'a> {
     pub scales: &'a [u8],
     /// int8 activations (honoured where [`q8_supported`]).
     pub int8: bool,
+    /// int4-g32/g64 with int8 activations on the 8-row kernels (`avx2_rows8.rs`, the scalar
+    /// reference's bits) rather than the row kernel and tiles of `avx2.rs` ([`super::int4_rows8`]).
+    pub rows8: bool,
 }
 
 impl Weights<'_> {

@@ -22,6 +22,8 @@ pub mod scalar;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_row;
+#[cfg(target_arch = "x86_64")]
+mod avx2_rows8;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
@@ -261,6 +263,24 @@ pub fn set_int8_act_mode(m: Int8Act) {
 /// `true`: int8 activations for every quantized matrix; `false`: none.
 pub fn set_int8_activations(on: bool) {
     set_int8_act_mode(if on { Int8Act::All } else { Int8Act::Off });
+}
+
+/// Whether int4 with a scale per 32 or 64 elements and int8 activations runs on the 8-row
+/// kernels (`avx2_rows8.rs`): `COLIBRI_INT4_ROWS8=0` turns them off, read once.
+///
+/// They compute the scalar reference's bits and prefill 1.3–1.9× faster (8 rows in the lanes
+/// of a vector keep a block's sums in int16); their decode streams the same bytes about 9%
+/// slower than the one-row kernel of `avx2.rs` on the OLMoE-1B-7B synth (docs/PERFORMANCE.md).
+/// Off, that kernel and the tiles run, in their own summation order. Either way decode,
+/// batched decode and prefill agree bit for bit: the choice is per process, never per call.
+pub fn int4_rows8() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        !matches!(
+            std::env::var("COLIBRI_INT4_ROWS8").as_deref(),
+            Ok("0") | Ok("off") | Ok("false")
+        )
+    })
 }
 
 /// Whether a matrix stored in `format` gets int8 activations under the policy. Routed

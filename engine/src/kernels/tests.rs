@@ -148,10 +148,11 @@ fn fast_paths_match_the_scalar_reference() {
             let n = 1 + rng.below(9);
             let m = random_matrix(format, rows, cols, &mut rng);
             let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
-            for int8 in [false, true] {
+            for (int8, rows8) in [(false, true), (true, true), (true, false)] {
                 let input = Input::new(&x, n);
                 let mut w = m.weights();
                 w.int8 = int8;
+                w.rows8 = rows8;
                 let mut out = vec![0f32; n * rows];
                 matmul(&w, &input, &mut out);
                 let int8 = int8 && q8_supported(format, cols);
@@ -175,14 +176,21 @@ fn fast_paths_match_the_scalar_reference() {
     assert!(checked > 10_000, "{checked}");
 }
 
+/// `m.matmul`, with int4-g32/g64 on the 8-row kernels or not ([`int4_rows8`]).
+fn mm(m: &Matrix, x: &[f32], n: usize, out: &mut [f32], rows8: bool) {
+    let mut w = m.weights();
+    w.rows8 = rows8;
+    matmul(&w, &Input::new(x, n), out);
+}
+
 /// `all` (the product of `m` with the tokens of `x`) holds, for each token, the bits that
 /// token gets alone.
-fn assert_each_token_alone_gives(m: &Matrix, x: &[f32], all: &[f32], what: &str) {
+fn assert_each_token_alone_gives(m: &Matrix, x: &[f32], all: &[f32], what: &str, rows8: bool) {
     let (rows, cols) = (m.rows, m.cols);
     let n = x.len() / cols;
     for i in 0..n {
         let mut one = vec![0f32; rows];
-        m.matmul(&x[i * cols..(i + 1) * cols], 1, &mut one);
+        mm(m, &x[i * cols..(i + 1) * cols], 1, &mut one, rows8);
         assert_eq!(
             &all[i * rows..(i + 1) * rows],
             &one[..],
@@ -206,26 +214,29 @@ fn matmul_is_the_same_for_any_batch() {
             let mut m = random_matrix(format, rows, cols, &mut rng);
             m.int8_act = int8;
             let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
-            let mut all = vec![0f32; n * rows];
-            m.matmul(&x, n, &mut all);
-            // Every token alone, and every window of 3 tokens, gives the same bits.
-            assert_each_token_alone_gives(&m, &x, &all, &format!("{format:?} int8 {int8}"));
-            for s in 0..n.saturating_sub(2) {
-                let mut three = vec![0f32; 3 * rows];
-                m.matmul(&x[s * cols..(s + 3) * cols], 3, &mut three);
-                assert_eq!(&all[s * rows..(s + 3) * rows], &three[..], "{format:?}");
-            }
-            // A row computed as part of a row block gives the same bits as in the whole.
-            let r0 = 1 + rng.below(rows - 1);
-            let sub = crate::arch::blocks::row_block(&m, r0, rows);
-            let mut part = vec![0f32; n * (rows - r0)];
-            sub.matmul(&x, n, &mut part);
-            for t in 0..n {
-                assert_eq!(
-                    &all[t * rows + r0..(t + 1) * rows],
-                    &part[t * (rows - r0)..(t + 1) * (rows - r0)],
-                    "{format:?} int8 {int8}: rows {r0}.. token {t}"
-                );
+            for rows8 in [true, false] {
+                let what = format!("{format:?} int8 {int8} rows8 {rows8}");
+                let mut all = vec![0f32; n * rows];
+                mm(&m, &x, n, &mut all, rows8);
+                // Every token alone, and every window of 3 tokens, gives the same bits.
+                assert_each_token_alone_gives(&m, &x, &all, &what, rows8);
+                for s in 0..n.saturating_sub(2) {
+                    let mut three = vec![0f32; 3 * rows];
+                    mm(&m, &x[s * cols..(s + 3) * cols], 3, &mut three, rows8);
+                    assert_eq!(&all[s * rows..(s + 3) * rows], &three[..], "{what}");
+                }
+                // A row computed as part of a row block gives the same bits as in the whole.
+                let r0 = 1 + rng.below(rows - 1);
+                let sub = crate::arch::blocks::row_block(&m, r0, rows);
+                let mut part = vec![0f32; n * (rows - r0)];
+                mm(&sub, &x, n, &mut part, rows8);
+                for t in 0..n {
+                    assert_eq!(
+                        &all[t * rows + r0..(t + 1) * rows],
+                        &part[t * (rows - r0)..(t + 1) * (rows - r0)],
+                        "{what}: rows {r0}.. token {t}"
+                    );
+                }
             }
         }
     }
@@ -250,17 +261,16 @@ fn batched_decode_rows_equal_one_token_at_a_time() {
             let mut m = random_matrix(format, rows, cols, &mut rng);
             m.int8_act = true;
             let x: Vec<f32> = (0..12 * cols).map(|_| rng.f()).collect();
-            let mut long = vec![0f32; 12 * rows];
-            m.matmul(&x, 12, &mut long);
-            for n in 2..=8 {
-                let mut all = vec![0f32; n * rows];
-                m.matmul(&x[..n * cols], n, &mut all);
-                assert_eq!(
-                    &all[..],
-                    &long[..n * rows],
-                    "{format:?} {cols} cols, {n} tokens"
-                );
-                assert_each_token_alone_gives(&m, &x[..n * cols], &all, &format!("{format:?}"));
+            for rows8 in [true, false] {
+                let mut long = vec![0f32; 12 * rows];
+                mm(&m, &x, 12, &mut long, rows8);
+                for n in 2..=8 {
+                    let what = format!("{format:?} {cols} cols, {n} tokens, rows8 {rows8}");
+                    let mut all = vec![0f32; n * rows];
+                    mm(&m, &x[..n * cols], n, &mut all, rows8);
+                    assert_eq!(&all[..], &long[..n * rows], "{what}");
+                    assert_each_token_alone_gives(&m, &x[..n * cols], &all, &what, rows8);
+                }
             }
         }
     }
@@ -416,4 +426,49 @@ fn per_row_fast_paths_match_the_scalar_reference() {
         }
     }
     assert!(checked > 1000);
+}
+
+/// int4 with a scale per 32 or 64 elements and int8 activations (8 rows interleaved on
+/// AVX2) gives the scalar reference's bits exactly, in decode (1 token), batched decode
+/// (2–8) and prefill (more): groups short of 8 rows, rows cut into several column chunks,
+/// row chunks of a prefill beyond the first.
+#[test]
+fn interleaved_int4_gives_the_reference_bits() {
+    let mut rng = Rng(77);
+    for scale in [ScaleType::F16, ScaleType::F32] {
+        for group in [32, 64] {
+            let format = WeightFormat::I4 { group, scale };
+            for (rows, cols) in [
+                (1, 64),
+                (7, 128),
+                (13, 1088),
+                (24, 2048),
+                (9, 3136),
+                (203, 2048),
+            ] {
+                let mut m = random_matrix(format, rows, cols, &mut rng);
+                m.int8_act = true;
+                for n in [1, 2, 3, 5, 8, 9, 13] {
+                    let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 2.0).collect();
+                    let input = Input::new(&x, n);
+                    let mut w = m.weights();
+                    w.rows8 = true;
+                    let mut out = vec![0f32; n * rows];
+                    matmul(&w, &input, &mut out);
+                    for t in 0..n {
+                        let act = input.act(t, true);
+                        for r in 0..rows {
+                            let (wr, sr) = row_of(&m, r);
+                            let want = scalar::dot_row(format, wr, sr, &act);
+                            assert_eq!(
+                                out[t * rows + r].to_bits(),
+                                want.to_bits(),
+                                "{format:?} {rows}x{cols} n {n} row {r} token {t}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

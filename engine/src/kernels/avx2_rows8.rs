@@ -1,19 +1,23 @@
 //! int4 × int8 products eight weight rows at a time, the rows interleaved on the fly so
 //! that lane `i` of every vector belongs to row `i` (issue 11's interleaved layout).
 //!
-//! Why: today's layout keeps one (row, token) pair in a vector, so every 64 weights of every
-//! pair pay an integer widening, a convert, a scale multiply and an FMA. With 8 rows in the
-//! lanes, a 32-element block's integer sums stay in int16 across the whole block (8
+//! Why: the tiles of `avx2.rs` keep one (row, token) pair in a vector, so every 64 weights of
+//! every pair pay an integer widening, a convert, a scale multiply and an FMA. With 8 rows in
+//! the lanes, a 32-element block's integer sums stay in int16 across the whole block (8
 //! `maddubs`, at most 8 · 2 · 15 · 127 = 30 480) and one `madd`, one convert, one multiply and
 //! one FMA then serve 8 rows: 11 operations on the two multiply pipes per 256 MACs against
 //! 20 (`interleaved_bench`, docs/PERFORMANCE.md).
 //!
-//! The interleave: with the activations in int4 order (a pair's 64 codes as `[even | odd]`,
-//! see [`super::Q8I4Panel`]), 4 packed bytes of a row (8 elements) multiply 4 even and 4 odd
+//! Prefill: with the activations in int4 order (a pair's 64 codes as `[even | odd]`, see
+//! [`super::Q8I4Panel`]), 4 packed bytes of a row (8 elements) multiply 4 even and 4 odd
 //! activation codes, so interleaving rows is an 8 × 8 transpose of 32-bit words, 24 shuffles
-//! per 8 rows × 64 columns. It runs where the rows are read, into a buffer that stays in
-//! cache: per row chunk for prefill (reused by every token tile), per column chunk of 8
-//! rows for decode. No file format changes, and streamed experts need no repacking.
+//! per 8 rows × 64 columns. A row chunk is interleaved once into a buffer that stays in L2
+//! and every token tile reads it ([`tile`]). No file format changes, and streamed experts
+//! need no repacking.
+//!
+//! Decode and batched decode (up to 8 tokens): reading 8 rows side by side is 8 short streams,
+//! which memory serves worse than one, so the rows are read one after another and only
+//! their exact block sums are transposed, 8 rows at a time ([`row_sums`], [`finish`]).
 //!
 //! The arithmetic is the scalar reference's ([`scalar::dot_q8`]) exactly: per 32-element
 //! block the exact integer `Σ (code − 8)·q`, then `acc = fma(isum, d·s, acc)` block after
@@ -309,9 +313,9 @@ unsafe fn row_sums<const T: usize>(w: *const u8, a: Acts, pairs: usize, dst: *mu
     macro_rules! pair {
         ($m:ident, $p:expr, $k:expr) => {{
             let (p, k): (usize, usize) = ($p, $k);
-            if true {
-                prefetch(w.add(p * 32 + PREFETCH));
-            }
+            // Every pair, although a line holds two: one prefetch a line measured 13–15
+            // against 16 GB/s (`kernel_bench 256 1 1`, int4-g64).
+            prefetch(w.add(p * 32 + PREFETCH));
             let x = _mm256_loadu_si256(w.add(p * 32) as *const __m256i);
             let lo = _mm256_and_si256(x, m0f);
             let hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m0f);

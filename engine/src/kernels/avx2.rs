@@ -33,6 +33,21 @@ pub(super) unsafe fn prefetch(p: *const u8) {
     _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
 }
 
+/// Bytes ahead for [`prefetch_l2`].
+pub(super) const PREFETCH_L2: usize = 12288;
+
+/// A prefetch into L2 only (hint T1), for the AVX-512 VNNI decode loops. On Zen 4 a T0
+/// prefetch holds one of the core's few L1 miss buffers until its line arrives, which caps
+/// the lines in flight; hinted to L2 the same stream decoded int4-g64 at 23–28 GB/s against
+/// 17–21 with T0 6 KiB ahead (2 threads, read bandwidth 29–32 GB/s; one thread 15–17 against
+/// 12–13: `kernel_bench 256 2 1`, alternated). 12 KiB ahead keeps about as many lines in
+/// flight as 6 KiB did before. The AVX2 level keeps T0: on the Zen 3 machine it was tuned
+/// on, L2 hints measured no better.
+#[inline(always)]
+pub(super) unsafe fn prefetch_l2(p: *const u8) {
+    _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
+}
+
 #[inline(always)]
 pub(super) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -404,18 +419,20 @@ const L2_ROWS: usize = 192 << 10;
 /// `out[t * ld + r] = dot(row r, token t)` for `r` in `rows`, every token of `input`.
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be present; `out` must be valid for those writes and not written
-/// by anyone else meanwhile; `input` must hold the forms `prepare_for` makes.
+/// AVX2, FMA and F16C must be present (and AVX-512 F/BW/VL/VNNI where `vnni`); `out` must be
+/// valid for those writes and not written by anyone else meanwhile; `input` must hold the
+/// forms `prepare_for` makes.
 pub unsafe fn matmul_rows(
     w: &Weights,
     input: &Input,
     rows: std::ops::Range<usize>,
     out: *mut f32,
     ld: usize,
+    vnni: bool,
 ) {
     if w.rows8 && super::avx2_rows8::serves(w) {
         // int4-g32/g64 with int8 activations: 8 rows in the lanes, every token count.
-        return super::avx2_rows8::matmul_rows(w, input, rows, out, ld);
+        return super::avx2_rows8::matmul_rows(w, input, rows, out, ld, vnni);
     }
     let cols = w.cols;
     let n = input.n;
@@ -514,12 +531,14 @@ pub unsafe fn matmul_rows(
             _ => None,
         };
         if let (Some(grouped), true) = (i8_rows, int8 && cols.is_multiple_of(QBLOCK)) {
+            let row_t1: unsafe fn(&Ctx, usize) -> f32 = match (vnni, grouped) {
+                (true, true) => i8q8_row_t1_vnni::<true>,
+                (true, false) => i8q8_row_t1_vnni::<false>,
+                (false, true) => i8q8_row_t1::<true>,
+                (false, false) => i8q8_row_t1::<false>,
+            };
             for r in rows {
-                *out.add(r) = if grouped {
-                    i8q8_row_t1::<true>(&c, r)
-                } else {
-                    i8q8_row_t1::<false>(&c, r)
-                };
+                *out.add(r) = row_t1(&c, r);
             }
             return;
         }
@@ -1087,6 +1106,57 @@ unsafe fn i8q8_row_t1<const GROUPED: bool>(c: &Ctx, r: usize) -> f32 {
             let qv = _mm256_loadu_si256(q.add(bb * slots * QBLOCK) as *const __m256i);
             let p = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(qv, wv));
             let f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+            let dv = _mm256_broadcast_ss(&*d.add(bb * slots));
+            acc = if GROUPED {
+                let sv = _mm256_broadcast_ss(sb.get_unchecked(k));
+                _mm256_fmadd_ps(_mm256_mul_ps(f, dv), sv, acc)
+            } else {
+                _mm256_fmadd_ps(f, dv, acc)
+            };
+        }
+        b += n;
+    }
+    let s = hsum(acc);
+    if GROUPED {
+        s + 0.0
+    } else {
+        s.mul_add(scalar::scale_at(ScaleType::F32, c.srow_slice(r), 0), 0.0)
+    }
+}
+
+/// [`i8q8_row_t1`] on AVX-512 VNNI: `vpdpbusd` forms each lane's exact sum of 4 products
+/// (|w| times q with w's sign) in one instruction instead of `maddubs` and `madd`. The
+/// pairs `maddubs` adds cannot saturate (2 · 128 · 127 < 2¹⁵), so the lanes, and the bits,
+/// are the same.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn i8q8_row_t1_vnni<const GROUPED: bool>(c: &Ctx, r: usize) -> f32 {
+    let blocks = c.cols / QBLOCK;
+    let w = c.row(r);
+    let sr = c.srow(r);
+    let slots = c.blocks.slots(0);
+    let q = c.qb.add(c.blocks.base(0) * QBLOCK);
+    let d = c.db.add(c.blocks.base(0));
+    let mut acc = _mm256_setzero_ps();
+    let mut sb = [0f32; 8];
+    let mut b = 0;
+    while b < blocks {
+        let n = (blocks - b).min(8);
+        if GROUPED {
+            scales_f32(c.st, sr, b, &mut sb[..n]);
+        }
+        for k in 0..n {
+            let bb = b + k;
+            if bb % 2 == 0 {
+                prefetch_l2(w.add(bb * QBLOCK + PREFETCH_L2));
+            }
+            let wv = _mm256_loadu_si256(w.add(bb * QBLOCK) as *const __m256i);
+            let qv = _mm256_loadu_si256(q.add(bb * slots * QBLOCK) as *const __m256i);
+            let p = _mm256_dpbusd_epi32(
+                _mm256_setzero_si256(),
+                _mm256_abs_epi8(wv),
+                _mm256_sign_epi8(qv, wv),
+            );
+            let f = _mm256_cvtepi32_ps(p);
             let dv = _mm256_broadcast_ss(&*d.add(bb * slots));
             acc = if GROUPED {
                 let sv = _mm256_broadcast_ss(sb.get_unchecked(k));

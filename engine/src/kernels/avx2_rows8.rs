@@ -30,7 +30,7 @@
 
 #![allow(clippy::needless_range_loop)]
 
-use super::avx2::{prefetch, PREFETCH};
+use super::avx2::{prefetch, prefetch_l2, PREFETCH, PREFETCH_L2};
 use super::{Input, Packing, Weights, QBLOCK, TILE};
 use crate::tensor::{ScaleType, WeightFormat};
 use std::arch::x86_64::*;
@@ -288,6 +288,94 @@ static TILES_G64: [TileFn; TOKENS] = [
     tile::<4, false>,
 ];
 
+/// [`tile`] on AVX-512 VNNI: `vpdpbusd` adds four code × activation products straight into
+/// each int32 lane, so a block's sums need neither the int16 stage nor the `madd` that
+/// widens it (2 instructions per word and token against 4, and 1 fewer per block). Even and
+/// odd codes feed separate accumulators up to 4 tokens, so each chain is 4 deep per block,
+/// not 8; with 8 tokens (AVX-512's 32 vector registers hold their sums, the unpacked codes
+/// then serve twice as many tokens) there are chains enough and registers too few for that.
+/// The integer sums are exact either way: the same bits as [`tile`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile_vnni<const T: usize, const G32: bool>(
+    codes: *const u8,
+    sv: *const f32,
+    a: Acts,
+    p0: usize,
+    p1: usize,
+    acc: *mut __m256,
+) {
+    let m0f = _mm256_set1_epi8(0x0F);
+    let mut ac: [__m256; T] = std::array::from_fn(|j| *acc.add(j));
+    let mut c = codes;
+    let mut s = sv;
+    let mut q = a.qp.add(p0 * a.slots * 64);
+    let mut d8 = a.d8.add(p0 * a.slots * 8);
+    let mut cr = a.corr8.add(p0 * a.slots * 8);
+    for _ in p0..p1 {
+        for h in 0..2 {
+            let mut se = [_mm256_setzero_si256(); T];
+            let mut so = [_mm256_setzero_si256(); T];
+            for k in 0..4 {
+                let u = 4 * h + k;
+                let x = _mm256_loadu_si256(c.add(u * 32) as *const __m256i);
+                let lo = _mm256_and_si256(x, m0f);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m0f);
+                for j in 0..T {
+                    let qj = q.add(j * 64 + 4 * u) as *const i32;
+                    let qe = _mm256_set1_epi32(qj.read_unaligned());
+                    let qo = _mm256_set1_epi32(qj.add(8).read_unaligned());
+                    se[j] = _mm256_dpbusd_epi32(se[j], lo, qe);
+                    if T <= 4 {
+                        so[j] = _mm256_dpbusd_epi32(so[j], hi, qo);
+                    } else {
+                        se[j] = _mm256_dpbusd_epi32(se[j], hi, qo);
+                    }
+                }
+            }
+            let sh = _mm256_loadu_ps(if G32 { s.add(8 * h) } else { s });
+            for j in 0..T {
+                let sum = if T <= 4 {
+                    _mm256_add_epi32(se[j], so[j])
+                } else {
+                    se[j]
+                };
+                let isum = _mm256_sub_epi32(sum, _mm256_set1_epi32(*cr.add(j * 8 + 4 * h)));
+                let ds = _mm256_mul_ps(sh, _mm256_set1_ps(*d8.add(j * 8 + 4 * h)));
+                ac[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), ds, ac[j]);
+            }
+        }
+        c = c.add(PAIR_BYTES);
+        s = s.add(if G32 { 16 } else { 8 });
+        q = q.add(a.slots * 64);
+        d8 = d8.add(a.slots * 8);
+        cr = cr.add(a.slots * 8);
+    }
+    for j in 0..T {
+        *acc.add(j) = ac[j];
+    }
+}
+
+static TILES_VNNI_G32: [TileFn; TILE] = [
+    tile_vnni::<1, true>,
+    tile_vnni::<2, true>,
+    tile_vnni::<3, true>,
+    tile_vnni::<4, true>,
+    tile_vnni::<5, true>,
+    tile_vnni::<6, true>,
+    tile_vnni::<7, true>,
+    tile_vnni::<8, true>,
+];
+static TILES_VNNI_G64: [TileFn; TILE] = [
+    tile_vnni::<1, false>,
+    tile_vnni::<2, false>,
+    tile_vnni::<3, false>,
+    tile_vnni::<4, false>,
+    tile_vnni::<5, false>,
+    tile_vnni::<6, false>,
+    tile_vnni::<7, false>,
+    tile_vnni::<8, false>,
+];
+
 /// [`interleave`], [`transpose_scales`] and [`finish`] for one scale grouping.
 type InterleaveFn = unsafe fn(&Group, ScaleType, usize, usize, *mut u8, *mut f32);
 type TransposeScalesFn = unsafe fn(&Group, ScaleType, usize, usize, *mut f32);
@@ -338,6 +426,62 @@ unsafe fn row_sums<const T: usize>(w: *const u8, a: Acts, pairs: usize, dst: *mu
                         _mm256_hadd_epi16($m[j][2], $m[j][3]),
                     ),
                     ones,
+                );
+                _mm256_storeu_si256(dst.add((j * chunks + $c) * 8) as *mut __m256i, v);
+            }
+        }};
+    }
+    let full = pairs / CHUNK;
+    for c in 0..full {
+        let mut m = [[_mm256_setzero_si256(); CHUNK]; T];
+        for k in 0..CHUNK {
+            pair!(m, c * CHUNK + k, k);
+        }
+        store!(m, c);
+    }
+    if full < chunks {
+        let mut m = [[_mm256_setzero_si256(); CHUNK]; T];
+        for k in 0..pairs - full * CHUNK {
+            pair!(m, full * CHUNK + k, k);
+        }
+        store!(m, full);
+    }
+}
+
+/// [`row_sums`] on AVX-512 VNNI: each pair's products go straight into int32 lanes
+/// (`vpdpbusd`, lane `i` the 8 elements of word `i`), then two levels of `hadd` give the
+/// same vector per chunk as [`row_sums`] (exact integer sums: the same values).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn row_sums_vnni<const T: usize>(w: *const u8, a: Acts, pairs: usize, dst: *mut i32) {
+    let m0f = _mm256_set1_epi8(0x0F);
+    let step = a.slots * 64;
+    let chunks = pairs.div_ceil(CHUNK);
+    macro_rules! pair {
+        ($m:ident, $p:expr, $k:expr) => {{
+            let (p, k): (usize, usize) = ($p, $k);
+            // Into L2, further ahead ([`prefetch_l2`]).
+            prefetch_l2(w.add(p * 32 + PREFETCH_L2));
+            let x = _mm256_loadu_si256(w.add(p * 32) as *const __m256i);
+            let lo = _mm256_and_si256(x, m0f);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m0f);
+            let q = a.qp.add(p * step);
+            for j in 0..T {
+                let qe = _mm256_loadu_si256(q.add(j * 64) as *const __m256i);
+                let qo = _mm256_loadu_si256(q.add(j * 64 + 32) as *const __m256i);
+                $m[j][k] = _mm256_dpbusd_epi32(
+                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, qe),
+                    hi,
+                    qo,
+                );
+            }
+        }};
+    }
+    macro_rules! store {
+        ($m:ident, $c:expr) => {{
+            for j in 0..T {
+                let v = _mm256_hadd_epi32(
+                    _mm256_hadd_epi32($m[j][0], $m[j][1]),
+                    _mm256_hadd_epi32($m[j][2], $m[j][3]),
                 );
                 _mm256_storeu_si256(dst.add((j * chunks + $c) * 8) as *mut __m256i, v);
             }
@@ -428,13 +572,19 @@ unsafe fn finish<const G32: bool>(
 /// [`row_sums`] for 1..=4 tokens.
 type RowSumsFn = unsafe fn(*const u8, Acts, usize, *mut i32);
 static ROW_SUMS: [RowSumsFn; TOKENS] = [row_sums::<1>, row_sums::<2>, row_sums::<3>, row_sums::<4>];
+static ROW_SUMS_VNNI: [RowSumsFn; TOKENS] = [
+    row_sums_vnni::<1>,
+    row_sums_vnni::<2>,
+    row_sums_vnni::<3>,
+    row_sums_vnni::<4>,
+];
 
-/// The token tiles of `n` tokens: up to 4 tokens, never straddling a packed tile of 8.
-fn token_tiles(n: usize) -> impl Iterator<Item = (usize, usize)> {
+/// The token tiles of `n` tokens: up to `max` tokens, never straddling a packed tile of 8.
+fn token_tiles(n: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
     let mut t = 0;
     std::iter::from_fn(move || {
         (t < n).then(|| {
-            let nt = (n - t).min(TOKENS).min(TILE - t % TILE);
+            let nt = (n - t).min(max).min(TILE - t % TILE);
             t += nt;
             (t - nt, nt)
         })
@@ -462,44 +612,60 @@ thread_local! {
 
 /// `out[t * ld + r] = dot(row r, token t)` for `r` in `rows`, every token of `input`.
 ///
+/// On AVX-512 VNNI (`vnni`) the integer sums run on `vpdpbusd` ([`tile_vnni`],
+/// [`row_sums_vnni`]); the results are the same bits.
+///
 /// # Safety
-/// AVX2, FMA and F16C must be present; [`serves`] must hold; `out` must be valid for those
-/// writes and not written by anyone else meanwhile; `input` must hold its int4-order pair
-/// panel (`prepare_for`).
+/// AVX2, FMA and F16C must be present, and AVX-512 F/BW/VL/VNNI where `vnni`; [`serves`]
+/// must hold; `out` must be valid for those writes and not written by anyone else
+/// meanwhile; `input` must hold its int4-order pair panel (`prepare_for`).
 pub(super) unsafe fn matmul_rows(
     w: &Weights,
     input: &Input,
     rows: std::ops::Range<usize>,
     out: *mut f32,
     ld: usize,
+    vnni: bool,
 ) {
     let g32 = matches!(w.format, WeightFormat::I4 { group: 32, .. });
     let st = w.format.scale_type().unwrap_or(ScaleType::F32);
     let (tiles, interleave, transpose_scales, finish): (
-        &[TileFn; TOKENS],
+        &[TileFn],
         InterleaveFn,
         TransposeScalesFn,
         FinishFn,
     ) = if g32 {
         (
-            &TILES_G32,
+            if vnni {
+                &TILES_VNNI_G32[..]
+            } else {
+                &TILES_G32[..]
+            },
             interleave::<true>,
             transpose_scales::<true>,
             finish::<true>,
         )
     } else {
         (
-            &TILES_G64,
+            if vnni {
+                &TILES_VNNI_G64[..]
+            } else {
+                &TILES_G64[..]
+            },
             interleave::<false>,
             transpose_scales::<false>,
             finish::<false>,
         )
     };
+    let row_sums = if vnni { &ROW_SUMS_VNNI } else { &ROW_SUMS };
     let per = if g32 { 2 } else { 1 };
     let pairs = w.cols / (2 * QBLOCK);
     let n = input.n;
     let pk = input.pairs_packing();
-    let acts: Vec<(usize, usize, Acts)> = token_tiles(n)
+    // Decode's row sums take up to 4 tokens at a time; prefill's tiles up to 4, or 8 on
+    // VNNI ([`tile_vnni`]).
+    let max = if vnni && n > TILE { TILE } else { TOKENS };
+    let acts: Vec<(usize, usize, Acts)> = token_tiles(n, max)
         .map(|(t, nt)| (t, nt, Acts::new(input, pk, t)))
         .collect();
     SCRATCH.with(|s| {
@@ -526,7 +692,7 @@ pub(super) unsafe fn matmul_rows(
                 for i in 0..g.rows {
                     let dst = sums.as_mut_ptr().add(i * stride);
                     for &(t, nt, a) in &acts {
-                        ROW_SUMS[nt - 1](g.w[i], a, pairs, dst.add(t * chunks * 8));
+                        row_sums[nt - 1](g.w[i], a, pairs, dst.add(t * chunks * 8));
                     }
                 }
                 for &(t, nt, a) in &acts {

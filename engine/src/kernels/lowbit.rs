@@ -97,8 +97,8 @@ pub fn order_q8(format: WeightFormat, a: &mut super::Q8Act) {
 pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 {
     match super::level() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: Level::Avx2 is only chosen when avx2, fma and f16c are detected.
-        Level::Avx2 => unsafe { avx2::dot_act(format, w, scales, act) },
+        // SAFETY: the AVX2 levels are only chosen when avx2, fma and f16c are detected.
+        Level::Avx2 | Level::Avx512Vnni => unsafe { avx2::dot_act(format, w, scales, act) },
         _ => scalar::dot_act(format, w, scales, act),
     }
 }

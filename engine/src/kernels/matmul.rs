@@ -157,9 +157,12 @@ unsafe fn run_rows(
 ) {
     match level() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: Level::Avx2 is only chosen when avx2, fma and f16c are detected; the
-        // input was prepared for this format by `matmul_many`.
-        Level::Avx2 if tiled(w.format, w.cols) => super::avx2::matmul_rows(w, input, rows, out, ld),
+        // SAFETY: the AVX2 levels are only chosen when avx2, fma and f16c are detected (and
+        // Avx512Vnni when avx512f/bw/vl/vnni are too); the input was prepared for this format
+        // by `matmul_many`.
+        l @ (Level::Avx2 | Level::Avx512Vnni) if tiled(w.format, w.cols) => {
+            super::avx2::matmul_rows(w, input, rows, out, ld, l == Level::Avx512Vnni)
+        }
         _ => {
             // The per-row kernels, every row against each token prepared once for the
             // region (other levels, the colibri C engine's int3/int2 rows, and groups the

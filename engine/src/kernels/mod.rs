@@ -48,16 +48,16 @@ pub fn block_range(b: usize, cols: usize) -> std::ops::Range<usize> {
 
 /// Which kernel family runs on this machine.
 ///
-/// x86-64 levels form a ladder: `Scalar` < `Avx2` (AVX2+FMA+F16C). AVX-512 (F/BW/VL with
-/// VNNI, and BF16) is detected and reported by [`isa_report`], but no AVX-512 kernels exist
-/// yet: they would be a further level here with its own module beside `avx2.rs`, chosen by
-/// [`detect`] and held to the scalar reference by the same tests, and they must not be
-/// enabled before those tests have run on such a CPU. Until then an AVX-512 CPU runs the
-/// AVX2 kernels.
+/// x86-64 levels form a ladder: `Scalar` < `Avx2` (AVX2+FMA+F16C) < `Avx512Vnni` (that, plus
+/// AVX-512 F/BW/VL and VNNI). `Avx512Vnni` runs every AVX2 kernel and, where it has one, an
+/// AVX-512 VNNI kernel instead (`vpdpbusd`: int4 × int8 in `avx2_rows8.rs`); both give the
+/// scalar reference's bits there, so the level never changes a result. AVX-512 BF16 is
+/// detected and reported, not used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
     Scalar,
     Avx2,
+    Avx512Vnni,
     Neon,
 }
 
@@ -66,9 +66,30 @@ impl Level {
         match self {
             Level::Scalar => "scalar",
             Level::Avx2 => "avx2+fma",
+            Level::Avx512Vnni => "avx512-vnni",
             Level::Neon => "neon",
         }
     }
+
+    /// Whether the AVX2+FMA+F16C kernels may run (every x86 level above scalar).
+    #[inline]
+    pub fn has_avx2(self) -> bool {
+        matches!(self, Level::Avx2 | Level::Avx512Vnni)
+    }
+
+    /// Whether `self`, asked for, can run where `best` is the best supported level.
+    fn runs_under(self, best: Level) -> bool {
+        self == Level::Scalar || self == best || (self == Level::Avx2 && best.has_avx2())
+    }
+}
+
+/// Whether this CPU has what [`Level::Avx512Vnni`] uses.
+#[cfg(target_arch = "x86_64")]
+fn avx512_vnni_supported() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
 }
 
 /// The best level this CPU supports.
@@ -79,7 +100,11 @@ fn best_supported() -> Level {
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c")
         {
-            return Level::Avx2;
+            return if avx512_vnni_supported() {
+                Level::Avx512Vnni
+            } else {
+                Level::Avx2
+            };
         }
     }
     #[cfg(target_arch = "aarch64")]
@@ -100,16 +125,11 @@ fn requested(isa: Option<&str>, kernels: Option<&str>) -> (Option<Level>, Option
             "scalar" | "reference" => (Some(Level::Scalar), None),
             "avx2" | "avx2+fma" => (Some(Level::Avx2), None),
             "neon" => (Some(Level::Neon), None),
-            "avx512" | "avx512vnni" | "avx512-vnni" | "avx512bf16" => (
-                None,
-                Some(format!(
-                    "COLIBRI_ISA={v}: this build has no AVX-512 kernels; using the best level available"
-                )),
-            ),
+            "avx512" | "avx512vnni" | "avx512-vnni" => (Some(Level::Avx512Vnni), None),
             _ => (
                 None,
                 Some(format!(
-                    "COLIBRI_ISA={v} is not one of auto, avx2, neon, scalar; using the best level available"
+                    "COLIBRI_ISA={v} is not one of auto, avx512, avx2, neon, scalar; using the best level available"
                 )),
             ),
         };
@@ -121,7 +141,7 @@ fn requested(isa: Option<&str>, kernels: Option<&str>) -> (Option<Level>, Option
 }
 
 /// The level to run: the best supported one, or a lower one forced by `COLIBRI_ISA=avx2|
-/// scalar` (for comparisons). A level above what the CPU supports is never chosen.
+/// scalar` (for comparisons; `avx512` names the top x86 level). A level above what the CPU supports is never chosen.
 pub fn detect() -> Level {
     let isa = std::env::var("COLIBRI_ISA").ok();
     let kernels = std::env::var("COLIBRI_KERNELS").ok();
@@ -133,7 +153,7 @@ pub fn detect() -> Level {
     match want {
         None => best,
         Some(Level::Scalar) => Level::Scalar,
-        Some(w) if w == best => w,
+        Some(w) if w.runs_under(best) => w,
         Some(w) => {
             eprintln!(
                 "colibri: COLIBRI_ISA asks for {} but this CPU runs {}; using {}",
@@ -157,7 +177,7 @@ pub fn level() -> Level {
 pub fn avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        level() == Level::Avx2
+        level().has_avx2()
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
@@ -208,8 +228,13 @@ pub fn isa_report() -> String {
             best_supported().name()
         ));
     }
-    if feats.contains(&"avx512vnni") || feats.contains(&"avx512f") {
-        s.push_str(" (AVX-512 present: no AVX-512 kernels in this build, AVX2 runs)");
+    if l == Level::Avx2 && best_supported() == Level::Avx512Vnni {
+        s.push_str(" (forced; this CPU could run avx512-vnni)");
+    } else if l == Level::Avx2 && feats.contains(&"avx512f") {
+        s.push_str(" (AVX-512 present without VNNI/BW/VL: the AVX2 kernels run)");
+    }
+    if l == Level::Avx512Vnni {
+        s.push_str(" (int4 × int8 on vpdpbusd; other formats on the AVX2 kernels)");
     }
     s
 }
@@ -764,7 +789,7 @@ impl<'a> Input<'a> {
     /// Makes the forms `format` (with or without int8 activations) needs, so the parallel
     /// kernels find them ready.
     pub fn prepare_for(&self, format: WeightFormat, int8: bool) {
-        if level() != Level::Avx2 || !matmul::tiled(format, self.cols) {
+        if !level().has_avx2() || !matmul::tiled(format, self.cols) {
             self.acts(format, int8);
             return;
         }
@@ -809,8 +834,8 @@ impl<'a> Input<'a> {
 pub fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32], qsum: &mut [i32]) {
     match level() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: Level::Avx2 is only chosen when avx2, fma and f16c are detected.
-        Level::Avx2 => unsafe { avx2::quantize_row(x, q, d, qsum) },
+        // SAFETY: the AVX2 levels are only chosen when avx2, fma and f16c are detected.
+        Level::Avx2 | Level::Avx512Vnni => unsafe { avx2::quantize_row(x, q, d, qsum) },
         _ => scalar::quantize_row(x, q, d, qsum),
     }
 }
@@ -823,8 +848,8 @@ pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 
     }
     match level() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: Level::Avx2 is only chosen when avx2, fma and f16c are detected.
-        Level::Avx2 => unsafe { avx2_row::dot_act(format, w, scales, act) },
+        // SAFETY: the AVX2 levels are only chosen when avx2, fma and f16c are detected.
+        Level::Avx2 | Level::Avx512Vnni => unsafe { avx2_row::dot_act(format, w, scales, act) },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: Level::Neon is only chosen when neon is detected.
         Level::Neon => unsafe { neon::dot_act(format, w, scales, act) },

@@ -123,15 +123,21 @@ fn the_level_follows_the_cpu_unless_forced() {
         && std::env::var("COLIBRI_KERNELS").is_err()
         && std::env::var("COLIBRI_ISA").is_err()
     {
-        assert_eq!(level(), Level::Avx2);
+        let vnni = is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni");
+        assert_eq!(level(), if vnni { Level::Avx512Vnni } else { Level::Avx2 });
     }
     assert_eq!(requested(Some("scalar"), None).0, Some(Level::Scalar));
     assert_eq!(requested(Some("AVX2"), None).0, Some(Level::Avx2));
+    assert_eq!(requested(Some("avx512"), None).0, Some(Level::Avx512Vnni));
+    assert!(Level::Avx2.runs_under(Level::Avx512Vnni));
+    assert!(Level::Scalar.runs_under(Level::Avx2));
+    assert!(!Level::Avx512Vnni.runs_under(Level::Avx2));
     assert_eq!(requested(Some("auto"), Some("scalar")), (None, None));
     assert_eq!(requested(None, Some("scalar")).0, Some(Level::Scalar));
     assert_eq!(requested(None, None), (None, None));
-    let (l, note) = requested(Some("avx512"), None);
-    assert!(l.is_none() && note.unwrap().contains("no AVX-512 kernels"));
     let (l, note) = requested(Some("sse9"), None);
     assert!(l.is_none() && note.unwrap().contains("not one of"));
     assert!(isa_report().starts_with("kernels "));
@@ -455,16 +461,43 @@ fn interleaved_int4_gives_the_reference_bits() {
                     w.rows8 = true;
                     let mut out = vec![0f32; n * rows];
                     matmul(&w, &input, &mut out);
-                    for t in 0..n {
-                        let act = input.act(t, true);
-                        for r in 0..rows {
-                            let (wr, sr) = row_of(&m, r);
-                            let want = scalar::dot_row(format, wr, sr, &act);
-                            assert_eq!(
-                                out[t * rows + r].to_bits(),
-                                want.to_bits(),
-                                "{format:?} {rows}x{cols} n {n} row {r} token {t}"
-                            );
+                    let mut outs = vec![("level", out)];
+                    // Both integer paths directly, whatever level runs: AVX2 and, where the
+                    // CPU has it, AVX-512 VNNI.
+                    #[cfg(target_arch = "x86_64")]
+                    for vnni in [false, true] {
+                        if !Level::Avx2.runs_under(level())
+                            || (vnni && level() != Level::Avx512Vnni)
+                        {
+                            continue;
+                        }
+                        input.prepare_for(format, true);
+                        let mut o = vec![0f32; n * rows];
+                        // SAFETY: the level checks above; the input is prepared.
+                        unsafe {
+                            super::avx2_rows8::matmul_rows(
+                                &w,
+                                &input,
+                                0..rows,
+                                o.as_mut_ptr(),
+                                rows,
+                                vnni,
+                            )
+                        };
+                        outs.push((if vnni { "vnni" } else { "avx2" }, o));
+                    }
+                    for (path, out) in &outs {
+                        for t in 0..n {
+                            let act = input.act(t, true);
+                            for r in 0..rows {
+                                let (wr, sr) = row_of(&m, r);
+                                let want = scalar::dot_row(format, wr, sr, &act);
+                                assert_eq!(
+                                    out[t * rows + r].to_bits(),
+                                    want.to_bits(),
+                                    "{path}: {format:?} {rows}x{cols} n {n} row {r} token {t}"
+                                );
+                            }
                         }
                     }
                 }

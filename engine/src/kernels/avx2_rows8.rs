@@ -15,7 +15,8 @@
 //! and every token tile reads it ([`tile`]). No file format changes, and streamed experts
 //! need no repacking.
 //!
-//! Decode and batched decode (up to 8 tokens): reading 8 rows side by side is 8 short streams,
+//! Decode and batched decode (up to 8 tokens; 4 on VNNI, whose tiles are cheaper): reading 8
+//! rows side by side is 8 short streams,
 //! which memory serves worse than one, so the rows are read one after another and only
 //! their exact block sums are transposed, 8 rows at a time ([`row_sums`], [`finish`]).
 //!
@@ -662,16 +663,22 @@ pub(super) unsafe fn matmul_rows(
     let pairs = w.cols / (2 * QBLOCK);
     let n = input.n;
     let pk = input.pairs_packing();
-    // Decode's row sums take up to 4 tokens at a time; prefill's tiles up to 4, or 8 on
-    // VNNI ([`tile_vnni`]).
-    let max = if vnni && n > TILE { TILE } else { TOKENS };
+    // Up to `by_rows` tokens, the rows are read one after another ([`row_sums`]), 4 tokens
+    // at a time; more, they are interleaved for the tiles (4 tokens, or 8 on VNNI:
+    // [`tile_vnni`]). On VNNI the tiles are so much cheaper that they win from 5 tokens on,
+    // where the row sums would need a second pass: `kernel_bench 256 2 5,6,7,8` (int4-g64,
+    // streamed) 85–91 GMAC/s by rows against 83–119 by tiles (95–119 from 6 tokens), while
+    // for 2 and 4 tokens the rows' single stream keeps ahead (82–89 / 105–108 against 52–53 /
+    // 88–89).
+    let by_rows = if vnni { TOKENS } else { TILE };
+    let max = if vnni && n > by_rows { TILE } else { TOKENS };
     let acts: Vec<(usize, usize, Acts)> = token_tiles(n, max)
         .map(|(t, nt)| (t, nt, Acts::new(input, pk, t)))
         .collect();
     SCRATCH.with(|s| {
         let (codes, scales, sums) = &mut *s.borrow_mut();
         let mut acc = [ZERO; TILE];
-        if n <= TILE {
+        if n <= by_rows {
             // Decode and batched decode: the rows of a group one after another, each read
             // once for all the tokens ([`row_sums`]), then the group's float part per token
             // ([`finish`]).

@@ -36,13 +36,14 @@ pub(super) unsafe fn prefetch(p: *const u8) {
 /// Bytes ahead for [`prefetch_l2`].
 pub(super) const PREFETCH_L2: usize = 12288;
 
-/// A prefetch into L2 only (hint T1), for the AVX-512 VNNI decode loops. On Zen 4 a T0
+/// A prefetch into L2 only (hint T1), for the decode loops of `avx2_rows8.rs`. On Zen 4 a T0
 /// prefetch holds one of the core's few L1 miss buffers until its line arrives, which caps
 /// the lines in flight; hinted to L2 the same stream decoded int4-g64 at 23–28 GB/s against
 /// 17–21 with T0 6 KiB ahead (2 threads, read bandwidth 29–32 GB/s; one thread 15–17 against
 /// 12–13: `kernel_bench 256 2 1`, alternated). 12 KiB ahead keeps about as many lines in
-/// flight as 6 KiB did before. The AVX2 level keeps T0: on the Zen 3 machine it was tuned
-/// on, L2 hints measured no better.
+/// flight as 6 KiB did before. The other loops keep T0: on the Zen 3 machine they were
+/// tuned on, L2 hints measured no better (nor worse), and the int8 rows of lm_head already
+/// stream at the read bandwidth with T0 (3.3–3.6 against 3.5–3.8 ms a token with T1).
 #[inline(always)]
 pub(super) unsafe fn prefetch_l2(p: *const u8) {
     _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
@@ -1147,7 +1148,7 @@ unsafe fn i8q8_row_t1_vnni<const GROUPED: bool>(c: &Ctx, r: usize) -> f32 {
         for k in 0..n {
             let bb = b + k;
             if bb % 2 == 0 {
-                prefetch_l2(w.add(bb * QBLOCK + PREFETCH_L2));
+                prefetch(w.add(bb * QBLOCK + PREFETCH));
             }
             let wv = _mm256_loadu_si256(w.add(bb * QBLOCK) as *const __m256i);
             let qv = _mm256_loadu_si256(q.add(bb * slots * QBLOCK) as *const __m256i);

@@ -403,8 +403,11 @@ unsafe fn row_sums<const T: usize>(w: *const u8, a: Acts, pairs: usize, dst: *mu
         ($m:ident, $p:expr, $k:expr) => {{
             let (p, k): (usize, usize) = ($p, $k);
             // Every pair, although a line holds two: one prefetch a line measured 13–15
-            // against 16 GB/s (`kernel_bench 256 1 1`, int4-g64).
-            prefetch(w.add(p * 32 + PREFETCH));
+            // against 16 GB/s (`kernel_bench 256 1 1`, int4-g64). Into L2, 12 KiB ahead
+            // ([`prefetch_l2`]): on Zen 4 26.7–30.5 against 20.9–23.8 GB/s with T0 6 KiB
+            // ahead (`COLIBRI_ISA=avx2 kernel_bench 256 2 1`, 3 alternated pairs); on Zen 3
+            // the hint measured no different.
+            prefetch_l2(w.add(p * 32 + PREFETCH_L2));
             let x = _mm256_loadu_si256(w.add(p * 32) as *const __m256i);
             let lo = _mm256_and_si256(x, m0f);
             let hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m0f);

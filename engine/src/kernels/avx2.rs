@@ -49,6 +49,125 @@ pub(super) unsafe fn prefetch_l2(p: *const u8) {
     _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
 }
 
+/// The integer step of the int8-activation kernels, per level: how unsigned bytes times
+/// signed bytes are summed. [`Madd`] (AVX2) goes through `maddubs` and `madd`; [`Vnni`]
+/// (AVX-512 VNNI) adds 4 products straight into an int32 lane with `vpdpbusd`. Both sums are
+/// exact, so a kernel written once over this trait gives the same bits on either level. The
+/// methods are `inline(always)` without target features of their own: they compile inside
+/// each level's `#[target_feature]` wrapper.
+pub(super) trait IntSums {
+    /// A 32-element block's running sums for one token.
+    type Block: Copy;
+    /// An empty block.
+    unsafe fn block() -> Self::Block;
+    /// Adds one word of int4 codes (`lo` the even, `hi` the odd elements) times their
+    /// activations to a block; `T` is the tile's token count.
+    unsafe fn add_word<const T: usize>(
+        b: Self::Block,
+        lo: __m256i,
+        hi: __m256i,
+        qe: __m256i,
+        qo: __m256i,
+    ) -> Self::Block;
+    /// A block's sums as int32 lanes (lane `i`: the products of bytes `4i..4i + 4`).
+    unsafe fn block_i32(b: Self::Block) -> __m256i;
+    /// One pair's products (`lo·qe + hi·qo`), the lanes [`Self::reduce4`] takes.
+    unsafe fn pair(lo: __m256i, hi: __m256i, qe: __m256i, qo: __m256i) -> __m256i;
+    /// Four pairs' products as one vector of int32 block sums: lanes 0–3 the pairs' first
+    /// blocks, lanes 4–7 their second blocks.
+    unsafe fn reduce4(m: [__m256i; 4]) -> __m256i;
+    /// `u · s` summed per 4 bytes into int32 lanes.
+    unsafe fn dot4(u: __m256i, s: __m256i) -> __m256i;
+}
+
+/// [`IntSums`] on AVX2.
+pub(super) struct Madd;
+
+impl IntSums for Madd {
+    /// int16 lanes: 8 words of 2 · 2 · 15 · 127 stay under 2¹⁵ (at most 30 480).
+    type Block = __m256i;
+    #[inline(always)]
+    unsafe fn block() -> __m256i {
+        _mm256_setzero_si256()
+    }
+    #[inline(always)]
+    unsafe fn add_word<const T: usize>(
+        b: __m256i,
+        lo: __m256i,
+        hi: __m256i,
+        qe: __m256i,
+        qo: __m256i,
+    ) -> __m256i {
+        _mm256_add_epi16(b, Self::pair(lo, hi, qe, qo))
+    }
+    #[inline(always)]
+    unsafe fn block_i32(b: __m256i) -> __m256i {
+        _mm256_madd_epi16(b, _mm256_set1_epi16(1))
+    }
+    #[inline(always)]
+    unsafe fn pair(lo: __m256i, hi: __m256i, qe: __m256i, qo: __m256i) -> __m256i {
+        _mm256_add_epi16(_mm256_maddubs_epi16(lo, qe), _mm256_maddubs_epi16(hi, qo))
+    }
+    #[inline(always)]
+    unsafe fn reduce4(m: [__m256i; 4]) -> __m256i {
+        // Two int16 levels (sums of 4 lanes: at most 4 · 7 620 = 30 480), then int32.
+        _mm256_madd_epi16(
+            _mm256_hadd_epi16(_mm256_hadd_epi16(m[0], m[1]), _mm256_hadd_epi16(m[2], m[3])),
+            _mm256_set1_epi16(1),
+        )
+    }
+    #[inline(always)]
+    unsafe fn dot4(u: __m256i, s: __m256i) -> __m256i {
+        // The pairs `maddubs` adds cannot saturate here (2 · 128 · 127 < 2¹⁵).
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+    }
+}
+
+/// [`IntSums`] on AVX-512 VNNI: no int16 stage and no `madd` (2 instructions per word and
+/// token against 4). Up to 4 tokens even and odd codes feed separate chains, each 4 deep
+/// per block, not 8; with more tokens there are chains enough and registers too few.
+pub(super) struct Vnni;
+
+impl IntSums for Vnni {
+    /// Two int32 chains (the second stays zero above 4 tokens).
+    type Block = (__m256i, __m256i);
+    #[inline(always)]
+    unsafe fn block() -> (__m256i, __m256i) {
+        (_mm256_setzero_si256(), _mm256_setzero_si256())
+    }
+    #[inline(always)]
+    unsafe fn add_word<const T: usize>(
+        b: (__m256i, __m256i),
+        lo: __m256i,
+        hi: __m256i,
+        qe: __m256i,
+        qo: __m256i,
+    ) -> (__m256i, __m256i) {
+        let e = _mm256_dpbusd_epi32(b.0, lo, qe);
+        if T <= 4 {
+            (e, _mm256_dpbusd_epi32(b.1, hi, qo))
+        } else {
+            (_mm256_dpbusd_epi32(e, hi, qo), b.1)
+        }
+    }
+    #[inline(always)]
+    unsafe fn block_i32(b: (__m256i, __m256i)) -> __m256i {
+        _mm256_add_epi32(b.0, b.1)
+    }
+    #[inline(always)]
+    unsafe fn pair(lo: __m256i, hi: __m256i, qe: __m256i, qo: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, qe), hi, qo)
+    }
+    #[inline(always)]
+    unsafe fn reduce4(m: [__m256i; 4]) -> __m256i {
+        _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]))
+    }
+    #[inline(always)]
+    unsafe fn dot4(u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+    }
+}
+
 #[inline(always)]
 pub(super) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -1083,54 +1202,19 @@ unsafe fn i8q8_tile<S: I8Scaling, const R: usize, const T: usize>(
 /// row at a time for the reason [`i4q8_row_tn`] gives.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn i8q8_row_t1<const GROUPED: bool>(c: &Ctx, r: usize) -> f32 {
-    let blocks = c.cols / QBLOCK;
-    let ones = _mm256_set1_epi16(1);
-    let w = c.row(r);
-    let sr = c.srow(r);
-    let slots = c.blocks.slots(0);
-    let q = c.qb.add(c.blocks.base(0) * QBLOCK);
-    let d = c.db.add(c.blocks.base(0));
-    let mut acc = _mm256_setzero_ps();
-    let mut sb = [0f32; 8];
-    let mut b = 0;
-    while b < blocks {
-        let n = (blocks - b).min(8);
-        if GROUPED {
-            scales_f32(c.st, sr, b, &mut sb[..n]);
-        }
-        for k in 0..n {
-            let bb = b + k;
-            if bb % 2 == 0 {
-                prefetch(w.add(bb * QBLOCK + PREFETCH));
-            }
-            let wv = _mm256_loadu_si256(w.add(bb * QBLOCK) as *const __m256i);
-            let qv = _mm256_loadu_si256(q.add(bb * slots * QBLOCK) as *const __m256i);
-            let p = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(qv, wv));
-            let f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-            let dv = _mm256_broadcast_ss(&*d.add(bb * slots));
-            acc = if GROUPED {
-                let sv = _mm256_broadcast_ss(sb.get_unchecked(k));
-                _mm256_fmadd_ps(_mm256_mul_ps(f, dv), sv, acc)
-            } else {
-                _mm256_fmadd_ps(f, dv, acc)
-            };
-        }
-        b += n;
-    }
-    let s = hsum(acc);
-    if GROUPED {
-        s + 0.0
-    } else {
-        s.mul_add(scalar::scale_at(ScaleType::F32, c.srow_slice(r), 0), 0.0)
-    }
+    i8q8_row::<Madd, GROUPED>(c, r)
 }
 
-/// [`i8q8_row_t1`] on AVX-512 VNNI: `vpdpbusd` forms each lane's exact sum of 4 products
-/// (|w| times q with w's sign) in one instruction instead of `maddubs` and `madd`. The
-/// pairs `maddubs` adds cannot saturate (2 · 128 · 127 < 2¹⁵), so the lanes, and the bits,
-/// are the same.
+/// [`i8q8_row_t1`] on AVX-512 VNNI ([`Vnni`]): the same lanes, so the same bits.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn i8q8_row_t1_vnni<const GROUPED: bool>(c: &Ctx, r: usize) -> f32 {
+    i8q8_row::<Vnni, GROUPED>(c, r)
+}
+
+/// The body of [`i8q8_row_t1`] for either level: per block the exact int32 lanes of |w|
+/// times q with w's sign, times the block's activation scale (and weight scale).
+#[inline(always)]
+unsafe fn i8q8_row<S: IntSums, const GROUPED: bool>(c: &Ctx, r: usize) -> f32 {
     let blocks = c.cols / QBLOCK;
     let w = c.row(r);
     let sr = c.srow(r);
@@ -1152,11 +1236,7 @@ unsafe fn i8q8_row_t1_vnni<const GROUPED: bool>(c: &Ctx, r: usize) -> f32 {
             }
             let wv = _mm256_loadu_si256(w.add(bb * QBLOCK) as *const __m256i);
             let qv = _mm256_loadu_si256(q.add(bb * slots * QBLOCK) as *const __m256i);
-            let p = _mm256_dpbusd_epi32(
-                _mm256_setzero_si256(),
-                _mm256_abs_epi8(wv),
-                _mm256_sign_epi8(qv, wv),
-            );
+            let p = S::dot4(_mm256_abs_epi8(wv), _mm256_sign_epi8(qv, wv));
             let f = _mm256_cvtepi32_ps(p);
             let dv = _mm256_broadcast_ss(&*d.add(bb * slots));
             acc = if GROUPED {

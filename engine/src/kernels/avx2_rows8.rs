@@ -31,7 +31,7 @@
 
 #![allow(clippy::needless_range_loop)]
 
-use super::avx2::{prefetch, prefetch_l2, PREFETCH, PREFETCH_L2};
+use super::avx2::{prefetch, prefetch_l2, IntSums, Madd, Vnni, PREFETCH, PREFETCH_L2};
 use super::{Input, Packing, Weights, QBLOCK, TILE};
 use crate::tensor::{ScaleType, WeightFormat};
 use std::arch::x86_64::*;
@@ -221,8 +221,34 @@ unsafe fn tile<const T: usize, const G32: bool>(
     p1: usize,
     acc: *mut __m256,
 ) {
+    tile_body::<Madd, T, G32>(codes, sv, a, p0, p1, acc)
+}
+
+/// [`tile`] on AVX-512 VNNI ([`Vnni`]), up to 8 tokens (AVX-512's 32 vector registers hold
+/// their sums, and the unpacked codes then serve twice as many tokens): the same bits.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile_vnni<const T: usize, const G32: bool>(
+    codes: *const u8,
+    sv: *const f32,
+    a: Acts,
+    p0: usize,
+    p1: usize,
+    acc: *mut __m256,
+) {
+    tile_body::<Vnni, T, G32>(codes, sv, a, p0, p1, acc)
+}
+
+/// The body of [`tile`] for either level.
+#[inline(always)]
+unsafe fn tile_body<S: IntSums, const T: usize, const G32: bool>(
+    codes: *const u8,
+    sv: *const f32,
+    a: Acts,
+    p0: usize,
+    p1: usize,
+    acc: *mut __m256,
+) {
     let m0f = _mm256_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
     let mut ac: [__m256; T] = std::array::from_fn(|j| *acc.add(j));
     // Pointers bumped pair by pair, so every access in the unrolled body is a constant
     // offset from one of them.
@@ -233,7 +259,7 @@ unsafe fn tile<const T: usize, const G32: bool>(
     let mut cr = a.corr8.add(p0 * a.slots * 8);
     for _ in p0..p1 {
         for h in 0..2 {
-            let mut s16 = [_mm256_setzero_si256(); T];
+            let mut sums = [S::block(); T];
             for k in 0..4 {
                 let u = 4 * h + k;
                 let x = _mm256_loadu_si256(c.add(u * 32) as *const __m256i);
@@ -243,19 +269,13 @@ unsafe fn tile<const T: usize, const G32: bool>(
                     let qj = q.add(j * 64 + 4 * u) as *const i32;
                     let qe = _mm256_set1_epi32(qj.read_unaligned());
                     let qo = _mm256_set1_epi32(qj.add(8).read_unaligned());
-                    s16[j] = _mm256_add_epi16(
-                        s16[j],
-                        _mm256_add_epi16(
-                            _mm256_maddubs_epi16(lo, qe),
-                            _mm256_maddubs_epi16(hi, qo),
-                        ),
-                    );
+                    sums[j] = S::add_word::<T>(sums[j], lo, hi, qe, qo);
                 }
             }
             let sh = _mm256_loadu_ps(if G32 { s.add(8 * h) } else { s });
             for j in 0..T {
                 let isum = _mm256_sub_epi32(
-                    _mm256_madd_epi16(s16[j], ones),
+                    S::block_i32(sums[j]),
                     _mm256_set1_epi32(*cr.add(j * 8 + 4 * h)),
                 );
                 let ds = _mm256_mul_ps(sh, _mm256_set1_ps(*d8.add(j * 8 + 4 * h)));
@@ -288,73 +308,6 @@ static TILES_G64: [TileFn; TOKENS] = [
     tile::<3, false>,
     tile::<4, false>,
 ];
-
-/// [`tile`] on AVX-512 VNNI: `vpdpbusd` adds four code × activation products straight into
-/// each int32 lane, so a block's sums need neither the int16 stage nor the `madd` that
-/// widens it (2 instructions per word and token against 4, and 1 fewer per block). Even and
-/// odd codes feed separate accumulators up to 4 tokens, so each chain is 4 deep per block,
-/// not 8; with 8 tokens (AVX-512's 32 vector registers hold their sums, the unpacked codes
-/// then serve twice as many tokens) there are chains enough and registers too few for that.
-/// The integer sums are exact either way: the same bits as [`tile`].
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile_vnni<const T: usize, const G32: bool>(
-    codes: *const u8,
-    sv: *const f32,
-    a: Acts,
-    p0: usize,
-    p1: usize,
-    acc: *mut __m256,
-) {
-    let m0f = _mm256_set1_epi8(0x0F);
-    let mut ac: [__m256; T] = std::array::from_fn(|j| *acc.add(j));
-    let mut c = codes;
-    let mut s = sv;
-    let mut q = a.qp.add(p0 * a.slots * 64);
-    let mut d8 = a.d8.add(p0 * a.slots * 8);
-    let mut cr = a.corr8.add(p0 * a.slots * 8);
-    for _ in p0..p1 {
-        for h in 0..2 {
-            let mut se = [_mm256_setzero_si256(); T];
-            let mut so = [_mm256_setzero_si256(); T];
-            for k in 0..4 {
-                let u = 4 * h + k;
-                let x = _mm256_loadu_si256(c.add(u * 32) as *const __m256i);
-                let lo = _mm256_and_si256(x, m0f);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m0f);
-                for j in 0..T {
-                    let qj = q.add(j * 64 + 4 * u) as *const i32;
-                    let qe = _mm256_set1_epi32(qj.read_unaligned());
-                    let qo = _mm256_set1_epi32(qj.add(8).read_unaligned());
-                    se[j] = _mm256_dpbusd_epi32(se[j], lo, qe);
-                    if T <= 4 {
-                        so[j] = _mm256_dpbusd_epi32(so[j], hi, qo);
-                    } else {
-                        se[j] = _mm256_dpbusd_epi32(se[j], hi, qo);
-                    }
-                }
-            }
-            let sh = _mm256_loadu_ps(if G32 { s.add(8 * h) } else { s });
-            for j in 0..T {
-                let sum = if T <= 4 {
-                    _mm256_add_epi32(se[j], so[j])
-                } else {
-                    se[j]
-                };
-                let isum = _mm256_sub_epi32(sum, _mm256_set1_epi32(*cr.add(j * 8 + 4 * h)));
-                let ds = _mm256_mul_ps(sh, _mm256_set1_ps(*d8.add(j * 8 + 4 * h)));
-                ac[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), ds, ac[j]);
-            }
-        }
-        c = c.add(PAIR_BYTES);
-        s = s.add(if G32 { 16 } else { 8 });
-        q = q.add(a.slots * 64);
-        d8 = d8.add(a.slots * 8);
-        cr = cr.add(a.slots * 8);
-    }
-    for j in 0..T {
-        *acc.add(j) = ac[j];
-    }
-}
 
 static TILES_VNNI_G32: [TileFn; TILE] = [
     tile_vnni::<1, true>,
@@ -394,8 +347,24 @@ const CHUNK: usize = 4;
 /// `Σ code·q` (the offset `8·Σq` is taken off in [`finish`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn row_sums<const T: usize>(w: *const u8, a: Acts, pairs: usize, dst: *mut i32) {
+    row_sums_body::<Madd, T>(w, a, pairs, dst)
+}
+
+/// [`row_sums`] on AVX-512 VNNI ([`Vnni`]): the same values.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn row_sums_vnni<const T: usize>(w: *const u8, a: Acts, pairs: usize, dst: *mut i32) {
+    row_sums_body::<Vnni, T>(w, a, pairs, dst)
+}
+
+/// The body of [`row_sums`] for either level.
+#[inline(always)]
+unsafe fn row_sums_body<S: IntSums, const T: usize>(
+    w: *const u8,
+    a: Acts,
+    pairs: usize,
+    dst: *mut i32,
+) {
     let m0f = _mm256_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
     let step = a.slots * 64;
     let chunks = pairs.div_ceil(CHUNK);
     // A macro, not a closure: closures do not inherit the function's target features.
@@ -415,78 +384,14 @@ unsafe fn row_sums<const T: usize>(w: *const u8, a: Acts, pairs: usize, dst: *mu
             for j in 0..T {
                 let qe = _mm256_loadu_si256(q.add(j * 64) as *const __m256i);
                 let qo = _mm256_loadu_si256(q.add(j * 64 + 32) as *const __m256i);
-                $m[j][k] =
-                    _mm256_add_epi16(_mm256_maddubs_epi16(lo, qe), _mm256_maddubs_epi16(hi, qo));
+                $m[j][k] = S::pair(lo, hi, qe, qo);
             }
         }};
     }
     macro_rules! store {
         ($m:ident, $c:expr) => {{
             for j in 0..T {
-                // Two int16 levels (sums of 4 lanes: at most 4 · 7 620 = 30 480), then int32.
-                let v = _mm256_madd_epi16(
-                    _mm256_hadd_epi16(
-                        _mm256_hadd_epi16($m[j][0], $m[j][1]),
-                        _mm256_hadd_epi16($m[j][2], $m[j][3]),
-                    ),
-                    ones,
-                );
-                _mm256_storeu_si256(dst.add((j * chunks + $c) * 8) as *mut __m256i, v);
-            }
-        }};
-    }
-    let full = pairs / CHUNK;
-    for c in 0..full {
-        let mut m = [[_mm256_setzero_si256(); CHUNK]; T];
-        for k in 0..CHUNK {
-            pair!(m, c * CHUNK + k, k);
-        }
-        store!(m, c);
-    }
-    if full < chunks {
-        let mut m = [[_mm256_setzero_si256(); CHUNK]; T];
-        for k in 0..pairs - full * CHUNK {
-            pair!(m, full * CHUNK + k, k);
-        }
-        store!(m, full);
-    }
-}
-
-/// [`row_sums`] on AVX-512 VNNI: each pair's products go straight into int32 lanes
-/// (`vpdpbusd`, lane `i` the 8 elements of word `i`), then two levels of `hadd` give the
-/// same vector per chunk as [`row_sums`] (exact integer sums: the same values).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn row_sums_vnni<const T: usize>(w: *const u8, a: Acts, pairs: usize, dst: *mut i32) {
-    let m0f = _mm256_set1_epi8(0x0F);
-    let step = a.slots * 64;
-    let chunks = pairs.div_ceil(CHUNK);
-    macro_rules! pair {
-        ($m:ident, $p:expr, $k:expr) => {{
-            let (p, k): (usize, usize) = ($p, $k);
-            // Into L2, further ahead ([`prefetch_l2`]).
-            prefetch_l2(w.add(p * 32 + PREFETCH_L2));
-            let x = _mm256_loadu_si256(w.add(p * 32) as *const __m256i);
-            let lo = _mm256_and_si256(x, m0f);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m0f);
-            let q = a.qp.add(p * step);
-            for j in 0..T {
-                let qe = _mm256_loadu_si256(q.add(j * 64) as *const __m256i);
-                let qo = _mm256_loadu_si256(q.add(j * 64 + 32) as *const __m256i);
-                $m[j][k] = _mm256_dpbusd_epi32(
-                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, qe),
-                    hi,
-                    qo,
-                );
-            }
-        }};
-    }
-    macro_rules! store {
-        ($m:ident, $c:expr) => {{
-            for j in 0..T {
-                let v = _mm256_hadd_epi32(
-                    _mm256_hadd_epi32($m[j][0], $m[j][1]),
-                    _mm256_hadd_epi32($m[j][2], $m[j][3]),
-                );
+                let v = S::reduce4($m[j]);
                 _mm256_storeu_si256(dst.add((j * chunks + $c) * 8) as *mut __m256i, v);
             }
         }};

@@ -58,8 +58,10 @@ pub(super) unsafe fn prefetch_l2(p: *const u8) {
 pub(super) trait IntSums {
     /// A 32-element block's running sums for one token.
     type Block: Copy;
-    /// An empty block.
-    unsafe fn block() -> Self::Block;
+    /// A block's starting sums for a token whose offset correction (`8·Σq` of the block) is
+    /// `corr`: [`Vnni`] starts its int32 chain at `−corr`, which saves a subtraction a block
+    /// and token; [`Madd`]'s int16 lanes could not hold it and start at zero.
+    unsafe fn block(corr: i32) -> Self::Block;
     /// Adds one word of int4 codes (`lo` the even, `hi` the odd elements) times their
     /// activations to a block; `T` is the tile's token count.
     unsafe fn add_word<const T: usize>(
@@ -69,8 +71,9 @@ pub(super) trait IntSums {
         qe: __m256i,
         qo: __m256i,
     ) -> Self::Block;
-    /// A block's sums as int32 lanes (lane `i`: the products of bytes `4i..4i + 4`).
-    unsafe fn block_i32(b: Self::Block) -> __m256i;
+    /// A block's exact `Σ (code − 8)·q` as int32 lanes (lane `i`: the products of bytes
+    /// `4i..4i + 4`), `corr` the value [`Self::block`] was given.
+    unsafe fn block_sum(b: Self::Block, corr: i32) -> __m256i;
     /// One pair's products (`lo·qe + hi·qo`), the lanes [`Self::reduce4`] takes.
     unsafe fn pair(lo: __m256i, hi: __m256i, qe: __m256i, qo: __m256i) -> __m256i;
     /// Four pairs' products as one vector of int32 block sums: lanes 0–3 the pairs' first
@@ -87,7 +90,7 @@ impl IntSums for Madd {
     /// int16 lanes: 8 words of 2 · 2 · 15 · 127 stay under 2¹⁵ (at most 30 480).
     type Block = __m256i;
     #[inline(always)]
-    unsafe fn block() -> __m256i {
+    unsafe fn block(_corr: i32) -> __m256i {
         _mm256_setzero_si256()
     }
     #[inline(always)]
@@ -101,8 +104,11 @@ impl IntSums for Madd {
         _mm256_add_epi16(b, Self::pair(lo, hi, qe, qo))
     }
     #[inline(always)]
-    unsafe fn block_i32(b: __m256i) -> __m256i {
-        _mm256_madd_epi16(b, _mm256_set1_epi16(1))
+    unsafe fn block_sum(b: __m256i, corr: i32) -> __m256i {
+        _mm256_sub_epi32(
+            _mm256_madd_epi16(b, _mm256_set1_epi16(1)),
+            _mm256_set1_epi32(corr),
+        )
     }
     #[inline(always)]
     unsafe fn pair(lo: __m256i, hi: __m256i, qe: __m256i, qo: __m256i) -> __m256i {
@@ -132,8 +138,8 @@ impl IntSums for Vnni {
     /// Two int32 chains (the second stays zero above 4 tokens).
     type Block = (__m256i, __m256i);
     #[inline(always)]
-    unsafe fn block() -> (__m256i, __m256i) {
-        (_mm256_setzero_si256(), _mm256_setzero_si256())
+    unsafe fn block(corr: i32) -> (__m256i, __m256i) {
+        (_mm256_set1_epi32(-corr), _mm256_setzero_si256())
     }
     #[inline(always)]
     unsafe fn add_word<const T: usize>(
@@ -151,7 +157,7 @@ impl IntSums for Vnni {
         }
     }
     #[inline(always)]
-    unsafe fn block_i32(b: (__m256i, __m256i)) -> __m256i {
+    unsafe fn block_sum(b: (__m256i, __m256i), _corr: i32) -> __m256i {
         _mm256_add_epi32(b.0, b.1)
     }
     #[inline(always)]

@@ -191,7 +191,7 @@ unsafe fn hmax(v: __m256) -> f32 {
 }
 
 #[inline(always)]
-unsafe fn hsum_epi32(v: __m256i) -> i32 {
+pub(super) unsafe fn hsum_epi32(v: __m256i) -> i32 {
     let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
@@ -556,6 +556,10 @@ pub unsafe fn matmul_rows(
     ld: usize,
     vnni: bool,
 ) {
+    if w.format == WeightFormat::BF16 && !w.int8 && super::bf16_act() {
+        // bf16 activations on `vdpbf16ps` (opt-in, `COLIBRI_BF16_ACT=1`).
+        return super::avx512_bf16::matmul_rows(w, input, rows, out, ld);
+    }
     if w.rows8 && super::avx2_rows8::serves(w) {
         // int4-g32/g64 with int8 activations: 8 rows in the lanes, every token count.
         return super::avx2_rows8::matmul_rows(w, input, rows, out, ld, vnni);

@@ -24,6 +24,8 @@ mod avx2;
 mod avx2_row;
 #[cfg(target_arch = "x86_64")]
 mod avx2_rows8;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512_bf16;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
@@ -236,7 +238,37 @@ pub fn isa_report() -> String {
     if l == Level::Avx512Vnni {
         s.push_str(" (int4 × int8 on vpdpbusd; other formats on the AVX2 kernels)");
     }
+    if bf16_act() {
+        s.push_str(" · bf16 × bf16 activations on vdpbf16ps (COLIBRI_BF16_ACT=1)");
+    } else if std::env::var("COLIBRI_BF16_ACT").is_ok_and(|v| v == "1") {
+        s.push_str(" · COLIBRI_BF16_ACT=1 ignored: needs the avx512-vnni level and AVX-512 BF16");
+    }
     s
+}
+
+/// Whether bf16 matrices take bf16 activations on AVX-512 BF16 (`vdpbf16ps`,
+/// `avx512_bf16.rs`): `COLIBRI_BF16_ACT=1` asks for it, read once; it runs only on the
+/// `avx512-vnni` level of a CPU with AVX-512 BF16. Off (the default), bf16 matrices multiply
+/// f32 activations. The activations' rounding changes the results (docs/PERFORMANCE.md
+/// measures it), so it is a per-process choice: decode, batched decode and prefill agree
+/// bit for bit either way.
+pub fn bf16_act() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        std::env::var("COLIBRI_BF16_ACT").is_ok_and(|v| v == "1") && bf16_act_supported()
+    })
+}
+
+/// Whether this CPU and level can run [`bf16_act`]'s kernels.
+pub fn bf16_act_supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        level() == Level::Avx512Vnni && is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// When quantized matrices get int8 activations (per 32-element block) and integer dot
@@ -576,6 +608,9 @@ pub struct Input<'a> {
     q8_i4: OnceLock<Q8I4Panel>,
     x_panel: OnceLock<F32Panel>,
     x_i4: OnceLock<F32Panel>,
+    /// The rows rounded to bf16, each padded with zeros to whole 16-column chunks
+    /// ([`Input::x_bf16`]).
+    x_bf16: OnceLock<(Vec<u16>, usize)>,
     /// Rows prepared one by one for the per-row kernels, per (format, int8).
     per_row: Mutex<Vec<PerRow>>,
 }
@@ -605,6 +640,7 @@ impl<'a> Input<'a> {
             q8_i4: OnceLock::new(),
             x_panel: OnceLock::new(),
             x_i4: OnceLock::new(),
+            x_bf16: OnceLock::new(),
             per_row: Mutex::new(Vec::new()),
         }
     }
@@ -753,6 +789,22 @@ impl<'a> Input<'a> {
     }
 
     /// The f32 rows packed by block, natural order (computed on first use).
+    /// The rows rounded to bf16 (to nearest even), each padded with zeros to a multiple of
+    /// 16 values, and that padded length: what bf16 matrices read under [`bf16_act`].
+    pub fn x_bf16(&self) -> (&[u16], usize) {
+        let (v, row) = self.x_bf16.get_or_init(|| {
+            let row = self.cols.div_ceil(16) * 16;
+            let mut v = vec![0u16; self.n * row];
+            for t in 0..self.n {
+                for (d, &x) in v[t * row..].iter_mut().zip(self.row(t)) {
+                    *d = half::bf16::from_f32(x).to_bits();
+                }
+            }
+            (v, row)
+        });
+        (v, *row)
+    }
+
     pub fn x_panel(&self) -> &F32Panel {
         self.x_panel.get_or_init(|| self.pack_f32(false))
     }
@@ -805,6 +857,9 @@ impl<'a> Input<'a> {
             }
             (false, true) => {
                 self.x_i4();
+            }
+            (false, false) if format == WeightFormat::BF16 && bf16_act() => {
+                self.x_bf16();
             }
             (false, false) => {
                 self.x_panel();

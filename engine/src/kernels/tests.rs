@@ -505,3 +505,54 @@ fn interleaved_int4_gives_the_reference_bits() {
         }
     }
 }
+
+/// The AVX-512 BF16 kernels (bf16 weights × bf16-rounded activations) give their
+/// reference's bits (`avx512_bf16::dot_ref`, the instruction's arithmetic), in every tile
+/// shape, odd sizes included; run directly wherever the CPU has them, whatever
+/// `COLIBRI_BF16_ACT` says.
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn bf16_activations_give_the_reference_bits() {
+    if !bf16_act_supported() {
+        eprintln!("skipped: no AVX-512 BF16 on the avx512-vnni level here");
+        return;
+    }
+    let mut rng = Rng(91);
+    for (rows, cols) in [(1, 16), (3, 7), (5, 33), (9, 100), (13, 512), (70, 2048)] {
+        let m = random_matrix(WeightFormat::BF16, rows, cols, &mut rng);
+        for n in [1, 2, 3, 4, 5, 8, 9] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 2.0).collect();
+            let input = Input::new(&x, n);
+            let w = m.weights();
+            let mut out = vec![0f32; n * rows];
+            // SAFETY: `bf16_act_supported` checked the CPU; the weights are bf16.
+            unsafe { super::avx512_bf16::matmul_rows(&w, &input, 0..rows, out.as_mut_ptr(), rows) };
+            let (xb, x_row) = input.x_bf16();
+            for t in 0..n {
+                for r in 0..rows {
+                    let (wr, _) = row_of(&m, r);
+                    let want = super::avx512_bf16::dot_ref(wr, &xb[t * x_row..], cols);
+                    assert_eq!(
+                        out[t * rows + r].to_bits(),
+                        want.to_bits(),
+                        "{rows}x{cols} n {n} row {r} token {t}: {} against {want}",
+                        out[t * rows + r]
+                    );
+                    // And within the activations' rounding (2⁻⁹ of each product's size) of
+                    // the f32 product.
+                    let exact = scalar::dot_row(WeightFormat::BF16, wr, &[], &input.act(t, false));
+                    let size: f32 = (0..cols)
+                        .map(|c| {
+                            let wc = half::bf16::from_le_bytes([wr[2 * c], wr[2 * c + 1]]);
+                            (wc.to_f32() * x[t * cols + c]).abs()
+                        })
+                        .sum();
+                    assert!(
+                        (want - exact).abs() <= size / 256.0 + 1e-6,
+                        "{rows}x{cols} row {r} token {t}: {want} against f32 {exact} (size {size})"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -272,6 +272,14 @@ def main():
         Select(driver.find_element(By.ID, f"mks-{key}")).select_by_value("300")
         wait_for(lambda: api(base, "/api/status")["models"][0]["keep_alive_seconds"] == 300, 10, "keep-alive 300 s")
         check(True, "keep-alive set from the page")
+
+        # The page rebuilds the model card once its next status poll sees the new keep-alive
+        # (the controls are replaced): act on the rebuilt card, not on one about to go.
+        def card_has_keep_alive():
+            sig = driver.execute_script("return document.getElementById('model-list').dataset.sig")
+            card = json.loads(sig)[2][0]
+            return card[1] is True and round(card[2]) == 300
+        wait_for(card_has_keep_alive, 10, "the model card rebuilt with keep-alive 300")
         hot = driver.find_element(By.ID, f"mph-{key}")
         hot.clear()
         hot.send_keys("3")

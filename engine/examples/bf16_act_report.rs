@@ -6,7 +6,7 @@
 //! `COLIBRI_BF16_ACT=1 cargo run --release -p colibri-engine --example bf16_act_report [-- tests/fixtures]`
 
 use colibri_engine::kernels;
-use colibri_engine::quant::eval::evaluate;
+use colibri_engine::quant::eval::{evaluate, fixture_dirs};
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -15,12 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .nth(1)
             .unwrap_or_else(|| "tests/fixtures".into()),
     );
-    let mut fams: Vec<PathBuf> = std::fs::read_dir(&root)?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.join("ref.json").exists())
-        .collect();
-    fams.sort();
+    let fams = fixture_dirs(&root)?;
     println!(
         "{} · bf16 activations {}",
         kernels::isa_report(),

@@ -4,7 +4,7 @@
 //! cargo run --release -p colibri-engine --example quant_report [-- tests/fixtures]
 
 use colibri_engine::convert::{convert, parse_format, ConvertOptions};
-use colibri_engine::quant::eval::evaluate;
+use colibri_engine::quant::eval::{evaluate, fixture_dirs};
 use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -13,12 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .nth(1)
             .unwrap_or_else(|| "tests/fixtures".into()),
     );
-    let mut fams: Vec<PathBuf> = std::fs::read_dir(&root)?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.join("ref.json").exists())
-        .collect();
-    fams.sort();
+    let fams = fixture_dirs(&root)?;
     use colibri_engine::kernels::Int8Act::{All, Off, SubByte};
     // (label, experts, group, dense, attention, activation policy)
     let cases = [

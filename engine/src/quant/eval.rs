@@ -4,7 +4,19 @@
 
 use crate::error::{Error, Result};
 use crate::model::Model;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// The fixture folders under `root` (those holding a transformers reference, `ref.json`),
+/// sorted by name: what the accuracy reports walk.
+pub fn fixture_dirs(root: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("ref.json").exists())
+        .collect();
+    dirs.sort();
+    Ok(dirs)
+}
 
 /// Teacher-forced reference: the input ids and the logits of every position.
 pub struct Reference {

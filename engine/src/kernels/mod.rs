@@ -240,7 +240,7 @@ pub fn isa_report() -> String {
     }
     if bf16_act() {
         s.push_str(" · bf16 × bf16 activations on vdpbf16ps (COLIBRI_BF16_ACT=1)");
-    } else if std::env::var("COLIBRI_BF16_ACT").is_ok_and(|v| v == "1") {
+    } else if bf16_act_requested() {
         s.push_str(" · COLIBRI_BF16_ACT=1 ignored: needs the avx512-vnni level and AVX-512 BF16");
     }
     s
@@ -254,9 +254,12 @@ pub fn isa_report() -> String {
 /// bit for bit either way.
 pub fn bf16_act() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
-        std::env::var("COLIBRI_BF16_ACT").is_ok_and(|v| v == "1") && bf16_act_supported()
-    })
+    *ON.get_or_init(|| bf16_act_requested() && bf16_act_supported())
+}
+
+/// Whether `COLIBRI_BF16_ACT=1` asks for [`bf16_act`] (honoured or not).
+fn bf16_act_requested() -> bool {
+    std::env::var("COLIBRI_BF16_ACT").is_ok_and(|v| v == "1")
 }
 
 /// Whether this CPU and level can run [`bf16_act`]'s kernels.

@@ -33,6 +33,11 @@ pub struct ConvertArgs {
     /// int4-g32 attention with int8-g32 for the rest).
     #[arg(long)]
     pub attention: Option<String>,
+    /// How int4 rows (groups of 32 or 64) are laid out: `rows8`, 8 rows interleaved so the
+    /// kernels find them in the lanes of a vector (faster decode and prefill on x86), or
+    /// `rows`, each row on its own (docs/FORMAT.md).
+    #[arg(long, default_value = "rows8", value_parser = ["rows8", "rows"])]
+    pub int4_layout: String,
     /// Worker threads [default: all cores].
     #[arg(long)]
     pub threads: Option<usize>,
@@ -84,6 +89,7 @@ pub fn convert(a: ConvertArgs) -> anyhow::Result<()> {
             .as_deref()
             .map(|f| convert::parse_format(f, 0))
             .transpose()?,
+        interleave: a.int4_layout == "rows8",
     };
     let bar = Bar::new();
     let t = std::time::Instant::now();

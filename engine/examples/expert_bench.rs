@@ -6,8 +6,10 @@
 //! expert streams from memory as in a real prefill).
 //!
 //! `cargo run --release -p colibri-engine --example expert_bench -- [LAYERS] [TOKENS] [PASSES] [FORMAT]`
-//! with FORMAT `int4-g64` (default) or `int4-g32`; OLMoE-1B-7B's shape (64 experts, top 8,
-//! D 2048, F 1024).
+//! with FORMAT `int4-g64` (default) or `int4-g32`, either with `-rows8` (rows interleaved
+//! by 8 as `coli convert` writes them); OLMoE-1B-7B's shape (64 experts, top 8, D 2048,
+//! F 1024). Also prints the bytes of the experts used per pass over the time (GB/s): with 1
+//! token, what a decode step's experts stream.
 
 use colibri_engine::bench::random_matrix;
 use colibri_engine::kernels::{self, Input};
@@ -19,14 +21,19 @@ fn main() {
     let layers: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(6);
     let tokens: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(64);
     let passes: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(5);
-    let group = match args.get(4).map(String::as_str) {
-        Some("int4-g32") => 32,
-        _ => 64,
-    };
+    let name = args.get(4).map(String::as_str).unwrap_or("int4-g64");
+    let group = if name.starts_with("int4-g32") { 32 } else { 64 };
     let (experts, top_k, d, f) = (64usize, 8usize, 2048usize, 1024usize);
-    let format = WeightFormat::I4 {
-        group,
-        scale: ScaleType::F16,
+    let format = if name.ends_with("-rows8") {
+        WeightFormat::I4Rows8 {
+            group,
+            scale: ScaleType::F16,
+        }
+    } else {
+        WeightFormat::I4 {
+            group,
+            scale: ScaleType::F16,
+        }
     };
     let mut seed = 1u64;
     let mut mat = |rows, cols| {
@@ -43,8 +50,9 @@ fn main() {
         })
         .collect();
     println!(
-        "{} · {layers} layers × {experts} experts int4-g{group} · {tokens} tokens, top {top_k}",
-        kernels::isa_report()
+        "{} · {layers} layers × {experts} experts {} · {tokens} tokens, top {top_k}",
+        kernels::isa_report(),
+        format.name()
     );
     // A fixed pseudo-random routing: each token picks `top_k` distinct experts per layer.
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
@@ -78,6 +86,13 @@ fn main() {
         })
         .collect();
     let macs: usize = counts.iter().flatten().sum::<usize>() * 3 * d * f;
+    let bytes: usize = counts
+        .iter()
+        .zip(&model)
+        .flat_map(|(c, layer)| c.iter().zip(layer))
+        .filter(|(n, _)| **n > 0)
+        .map(|(_, ms)| ms.iter().map(Matrix::size_bytes).sum::<usize>())
+        .sum();
     for pass in 0..passes {
         let t0 = Instant::now();
         for (l, layer) in model.iter().enumerate() {
@@ -109,9 +124,10 @@ fn main() {
         }
         let s = t0.elapsed().as_secs_f64();
         println!(
-            "pass {pass}: {:.1} ms, {:.1} GMAC/s",
+            "pass {pass}: {:.1} ms, {:.1} GMAC/s, {:.1} GB/s",
             s * 1e3,
-            macs as f64 / s / 1e9
+            macs as f64 / s / 1e9,
+            bytes as f64 / s / 1e9
         );
     }
 }

@@ -89,6 +89,22 @@ fn main() {
                 true,
             ),
             (
+                "int4-g64-rows8, int8 act",
+                WeightFormat::I4Rows8 {
+                    group: 64,
+                    scale: ScaleType::F16,
+                },
+                true,
+            ),
+            (
+                "int4-g32-rows8, int8 act",
+                WeightFormat::I4Rows8 {
+                    group: 32,
+                    scale: ScaleType::F16,
+                },
+                true,
+            ),
+            (
                 "int2-g64, int8 act",
                 WeightFormat::I2 {
                     group: 64,
@@ -102,7 +118,7 @@ fn main() {
                 continue;
             }
             let row = format.row_bytes(cols) + format.scale_row_bytes(cols);
-            let rows = ((mib << 20) / row).max(16);
+            let rows = ((mib << 20) / row).max(16) / 8 * 8;
             let mut m = random_matrix(rows, cols, format, 7);
             m.int8_act = int8;
             let mut line = format!("{name:<20}");

@@ -25,6 +25,7 @@ pub mod kv;
 pub mod model;
 pub mod perplexity;
 pub mod quant;
+pub mod rows8;
 pub mod sample;
 pub mod speculative;
 pub mod structured;

@@ -89,6 +89,16 @@ pub enum WeightFormat {
         group: u32,
         scale: ScaleType,
     },
+    /// [`I4`](Self::I4) with its rows interleaved by 8 (`int4-rows8`, [`crate::rows8`]): per
+    /// group of 8 rows and pair of 32-element blocks, 8 words of 32 bytes, word `u` holding
+    /// bytes `4u..4u + 4` of the pair in rows 0–7 side by side; the scales of a group's 8 rows
+    /// side by side per scale unit. The same codes and scales, so the same products as
+    /// [`I4`](Self::I4), but one contiguous stream puts 8 rows in the lanes of a vector, for
+    /// decode as for prefill. Groups of 32 or 64, rows a multiple of 8, columns of 64.
+    I4Rows8 {
+        group: u32,
+        scale: ScaleType,
+    },
     /// int2: code `c` in 0..4 means `(c - 1.5) * scale`; four codes per byte, laid out per
     /// 32-element block so one shift+mask yields 8 consecutive elements (docs/FORMAT.md).
     I2 {
@@ -113,7 +123,7 @@ impl WeightFormat {
             WeightFormat::F32 => cols * 4,
             WeightFormat::BF16 | WeightFormat::F16 => cols * 2,
             WeightFormat::I8Row | WeightFormat::I8 { .. } => cols,
-            WeightFormat::I4 { .. } => cols.div_ceil(2),
+            WeightFormat::I4 { .. } | WeightFormat::I4Rows8 { .. } => cols.div_ceil(2),
             WeightFormat::I2 { .. } | WeightFormat::I2Plain => cols.div_ceil(4),
             WeightFormat::I3G64 => cols.div_ceil(64) * 24,
         }
@@ -127,6 +137,7 @@ impl WeightFormat {
             WeightFormat::I3G64 => Some(64),
             WeightFormat::I8 { group, .. }
             | WeightFormat::I4 { group, .. }
+            | WeightFormat::I4Rows8 { group, .. }
             | WeightFormat::I2 { group, .. } => Some(if group == 0 {
                 cols.max(1)
             } else {
@@ -148,6 +159,7 @@ impl WeightFormat {
             }
             WeightFormat::I8 { scale, .. }
             | WeightFormat::I4 { scale, .. }
+            | WeightFormat::I4Rows8 { scale, .. }
             | WeightFormat::I2 { scale, .. } => Some(scale),
         }
     }
@@ -162,6 +174,21 @@ impl WeightFormat {
         self.scale_type().is_some()
     }
 
+    /// The format of one row on its own: [`I4`](Self::I4) for [`I4Rows8`](Self::I4Rows8)
+    /// (whose rows [`crate::rows8::gather_row`] takes out), else the format itself.
+    pub fn row_major(self) -> WeightFormat {
+        match self {
+            WeightFormat::I4Rows8 { group, scale } => WeightFormat::I4 { group, scale },
+            f => f,
+        }
+    }
+
+    /// Whether rows are interleaved ([`I4Rows8`](Self::I4Rows8)): a row's bytes are not
+    /// contiguous.
+    pub fn interleaved(self) -> bool {
+        matches!(self, WeightFormat::I4Rows8 { .. })
+    }
+
     /// The short name used in container metadata and on the command line.
     pub fn name(self) -> String {
         match self {
@@ -173,6 +200,7 @@ impl WeightFormat {
             WeightFormat::I8 { group, .. } => format!("int8-g{group}"),
             WeightFormat::I4 { group: 0, .. } => "int4-row".into(),
             WeightFormat::I4 { group, .. } => format!("int4-g{group}"),
+            WeightFormat::I4Rows8 { group, .. } => format!("int4-g{group}-rows8"),
             WeightFormat::I2 { group: 0, .. } => "int2-row".into(),
             WeightFormat::I2 { group, .. } => format!("int2-g{group}"),
             WeightFormat::I3G64 => "int3-g64".into(),
@@ -329,15 +357,66 @@ impl Matrix {
         }
     }
 
+    /// Row `r`'s codes and scales taken out of an interleaved matrix ([`crate::rows8`]).
+    fn gathered_row(&self, r: usize) -> (Vec<u8>, Vec<u8>) {
+        let mut c = vec![0u8; self.format.row_bytes(self.cols)];
+        let mut s = vec![0u8; self.format.scale_row_bytes(self.cols)];
+        let scales = self.scales.as_ref().map_or(&[][..], |s| s.bytes());
+        crate::rows8::gather_row(
+            self.format,
+            self.cols,
+            self.data.bytes(),
+            scales,
+            r,
+            &mut c,
+            &mut s,
+        );
+        (c, s)
+    }
+
     /// Row `r` converted (dequantized) to f32 into `out` (length `cols`).
     pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
+        if self.format.interleaved() {
+            let (c, s) = self.gathered_row(r);
+            return kernels::decode_row(self.format.row_major(), &c, &s, out);
+        }
         kernels::decode_row(self.format, self.row_bytes(r), self.row_scales(r), out);
     }
 
     /// `dot(row r, x)` with f32 activations (reference kernel: tests, one-off dots).
     #[inline]
     pub fn row_dot(&self, r: usize, x: &[f32]) -> f32 {
+        if self.format.interleaved() {
+            let (c, s) = self.gathered_row(r);
+            return kernels::dot(self.format.row_major(), &c, &s, x);
+        }
         kernels::dot(self.format, self.row_bytes(r), self.row_scales(r), x)
+    }
+
+    /// The same matrix with its rows one after another (owned): an interleaved matrix
+    /// ([`crate::rows8`]) as [`WeightFormat::I4`], any other as it is.
+    pub fn to_row_major(&self) -> Matrix {
+        if !self.format.interleaved() {
+            return self.clone();
+        }
+        let scales = self.scales.as_ref().map_or(&[][..], |s| s.bytes());
+        let (c, s) = crate::rows8::deinterleave(
+            self.format,
+            self.rows,
+            self.cols,
+            self.data.bytes(),
+            scales,
+        );
+        let mut m = Matrix::quantized(
+            self.rows,
+            self.cols,
+            self.format.row_major(),
+            Blob::Owned(Arc::new(c)),
+            Some(Blob::Owned(Arc::new(s))),
+        )
+        .expect("the same sizes");
+        m.int8_act = self.int8_act;
+        m
     }
 
     /// The matrix as the kernels see it (borrowed bytes).

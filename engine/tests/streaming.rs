@@ -215,6 +215,7 @@ fn streamed_experts_are_bit_identical_on_every_family() {
             experts: parse_format("int4", 32).unwrap(),
             dense: WeightFormat::BF16,
             attention: None,
+            interleave: true,
         };
         convert(&o, &()).unwrap();
         check_family(tmp.path(), &ids, &format!("{name} (int4 container)"));
@@ -231,6 +232,7 @@ fn container_experts_are_one_aligned_read_each() {
         experts: parse_format("int4", 32).unwrap(),
         dense: WeightFormat::BF16,
         attention: None,
+        interleave: true,
     };
     convert(&o, &()).unwrap();
     let mut m = Model::load(tmp.path()).unwrap();

@@ -342,6 +342,11 @@ pub fn row_block(m: &Matrix, r0: usize, r1: usize) -> Matrix {
         "row block {r0}..{r1} of {} rows",
         m.rows
     );
+    // Interleaved rows come apart only at whole groups of 8.
+    let aligned = |r: usize| r.is_multiple_of(crate::rows8::ROWS);
+    if m.format.interleaved() && !(aligned(r0) && aligned(r1)) {
+        return row_block(&m.to_row_major(), r0, r1);
+    }
     let slice = |blob: &Blob, row_bytes: usize| -> Blob {
         let (a, b) = (r0 * row_bytes, r1 * row_bytes);
         match blob {

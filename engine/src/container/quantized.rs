@@ -33,7 +33,8 @@ pub const PAD_PREFIX: &str = "__pad.";
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TensorRecord {
-    /// "f32", "bf16", "f16", "int8", "int4", "int2", "int3" (groups of 64), "int2-plain".
+    /// "f32", "bf16", "f16", "int8", "int4", "int4-rows8" (int4 with rows interleaved by 8,
+    /// `crate::rows8`), "int2", "int3" (groups of 64), "int2-plain".
     pub format: String,
     /// Elements per scale; 0 = one scale per row. Absent for unscaled formats.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -54,6 +55,7 @@ impl TensorRecord {
             WeightFormat::I8Row => ("int8", Some(0), Some(ScaleType::F32)),
             WeightFormat::I8 { group, scale } => ("int8", Some(group), Some(scale)),
             WeightFormat::I4 { group, scale } => ("int4", Some(group), Some(scale)),
+            WeightFormat::I4Rows8 { group, scale } => ("int4-rows8", Some(group), Some(scale)),
             WeightFormat::I2 { group, scale } => ("int2", Some(group), Some(scale)),
             WeightFormat::I3G64 => ("int3", Some(64), Some(ScaleType::F32)),
             WeightFormat::I2Plain => ("int2-plain", Some(0), Some(ScaleType::F32)),
@@ -100,6 +102,18 @@ impl TensorRecord {
                 group: group()?,
                 scale: scale()?,
             },
+            "int4-rows8" => {
+                let (group, scale) = (group()?, scale()?);
+                let fits = matches!(self.shape[..], [r, c] if crate::rows8::fits(r, c, group));
+                if !fits {
+                    return Err(format!(
+                        "int4-rows8 needs groups of 32 or 64, rows a multiple of 8 and \
+                         columns of 64, but group_size is {group} and shape {:?}",
+                        self.shape
+                    ));
+                }
+                WeightFormat::I4Rows8 { group, scale }
+            }
             "int2" => WeightFormat::I2 {
                 group: group()?,
                 scale: scale()?,

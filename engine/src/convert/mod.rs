@@ -37,6 +37,10 @@ pub struct ConvertOptions {
     /// The attention projections' format when it differs from `dense` (`self_attn.*`
     /// matrices but the sparse-attention indexer, which stays exact).
     pub attention: Option<WeightFormat>,
+    /// int4 matrices with groups of 32 or 64 written with their rows interleaved by 8
+    /// ([`WeightFormat::I4Rows8`], `crate::rows8`) where the shape allows: what the 8-row
+    /// kernels read without transposing. `false` writes every row on its own.
+    pub interleave: bool,
 }
 
 /// Parses a format name of the command line: `int8`, `int4`, `int3`, `int2`, `bf16` (`f16`,
@@ -236,6 +240,12 @@ pub fn plan(ckpt: &Checkpoint, opts: &ConvertOptions) -> Result<Vec<PlannedPart>
             }
         } else {
             plain
+        };
+        let format = match t.shape[..] {
+            [rows, cols] if matrix && opts.interleave => {
+                crate::rows8::for_shape(format, rows, cols)
+            }
+            _ => format,
         };
         let item = PlannedItem {
             name: name.to_string(),
@@ -493,6 +503,10 @@ fn fingerprint(ckpt: &Checkpoint, opts: &ConvertOptions) -> String {
     if let Some(a) = opts.attention {
         // Only when set, so the fingerprints of earlier conversions stay valid.
         s.push_str(&format!("attention={}\n", a.name()));
+    }
+    if opts.interleave {
+        // Likewise: a conversion that was under way with rows one after another resumes so.
+        s.push_str("int4-rows8\n");
     }
     for n in names {
         let t = ckpt.get(n).expect("listed");

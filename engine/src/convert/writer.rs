@@ -63,15 +63,27 @@ impl Item<'_> {
     }
     /// The item's bytes: weights and scales.
     pub fn produce(&self) -> (Vec<u8>, Vec<u8>) {
+        if self.format.interleaved() {
+            // Quantized row by row as int4, then the rows moved into their groups of 8.
+            let (rows, cols) = self.rows_cols();
+            let f = self.format.row_major();
+            let (data, scales) = self.produce_as(f);
+            return crate::rows8::interleave(f, rows, cols, &data, &scales);
+        }
+        self.produce_as(self.format)
+    }
+
+    /// The item's bytes in `format` (row-major).
+    fn produce_as(&self, format: WeightFormat) -> (Vec<u8>, Vec<u8>) {
         let (rows, cols) = self.rows_cols();
         if let Some(raw) = self.source.raw() {
             return (raw.to_vec(), Vec::new());
         }
-        if let Some(p) = self.source.packed(self.format, rows, cols) {
+        if let Some(p) = self.source.packed(format, rows, cols) {
             return (p.data, p.scales);
         }
-        let rb = self.format.row_bytes(cols);
-        let sb = self.format.scale_row_bytes(cols);
+        let rb = format.row_bytes(cols);
+        let sb = format.scale_row_bytes(cols);
         const CHUNK: usize = 64;
         let parts: Vec<(Vec<u8>, Vec<u8>)> = (0..rows.div_ceil(CHUNK))
             .into_par_iter()
@@ -83,7 +95,7 @@ impl Item<'_> {
                 );
                 for r in c * CHUNK..((c + 1) * CHUNK).min(rows) {
                     self.source.row(r, &mut row);
-                    crate::quant::quantize_row(self.format, &row, &mut d, &mut s);
+                    crate::quant::quantize_row(format, &row, &mut d, &mut s);
                 }
                 (d, s)
             })

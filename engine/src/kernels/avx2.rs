@@ -622,6 +622,9 @@ pub unsafe fn matmul_rows(
         (WeightFormat::I3G64 | WeightFormat::I2Plain, _) => {
             unreachable!("formats without tiles take the per-row path (matmul.rs)")
         }
+        (WeightFormat::I4Rows8 { .. }, _) => {
+            unreachable!("int4-rows8 runs on avx2_rows8.rs or per row (matmul.rs)")
+        }
     };
     let units = shapes.units;
     let mut o = [0f32; 16];

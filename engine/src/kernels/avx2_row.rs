@@ -48,6 +48,9 @@ pub unsafe fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) 
         WeightFormat::I8 { .. } => scalar::dot(format, w, scales, &act.x),
         // `kernels::dot_act` sends the C engine's formats to `lowbit` before this.
         WeightFormat::I3G64 | WeightFormat::I2Plain => scalar::dot(format, w, scales, &act.x),
+        WeightFormat::I4Rows8 { .. } => {
+            unreachable!("int4-rows8 rows are taken out as int4 first (rows8::gather_row)")
+        }
         WeightFormat::I4 { scale, .. } | WeightFormat::I2 { scale, .. } => {
             let g = format.group_len(cols).unwrap_or(cols);
             if !g.is_multiple_of(QBLOCK) && g < cols {

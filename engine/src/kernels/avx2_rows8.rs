@@ -51,8 +51,10 @@ const L2_ROWS: usize = 192 << 10;
 
 /// Whether these kernels compute `w`'s products.
 pub(super) fn serves(w: &Weights) -> bool {
-    matches!(w.format, WeightFormat::I4 { group: 32 | 64, .. })
-        && w.int8
+    matches!(
+        w.format,
+        WeightFormat::I4 { group: 32 | 64, .. } | WeightFormat::I4Rows8 { group: 32 | 64, .. }
+    ) && w.int8
         && w.cols > 0
         && w.cols.is_multiple_of(2 * QBLOCK)
 }
@@ -182,6 +184,19 @@ unsafe fn transpose_scales<const G32: bool>(
             };
             *sv.add((u - u0) * 8 + i) = v;
         }
+    }
+}
+
+/// `n` f16 or f32 scales at `src` as f32 at `dst` (a multiple of 8 values: an interleaved
+/// group's scales, 8 rows per unit, [`crate::rows8`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen_scales(src: *const u8, st: ScaleType, n: usize, dst: *mut f32) {
+    for k in (0..n).step_by(8) {
+        let v = match st {
+            ScaleType::F16 => _mm256_cvtph_ps(_mm_loadu_si128(src.add(2 * k) as *const __m128i)),
+            ScaleType::F32 => _mm256_loadu_ps(src.add(4 * k) as *const f32),
+        };
+        _mm256_storeu_ps(dst.add(k), v);
     }
 }
 
@@ -543,7 +558,10 @@ pub(super) unsafe fn matmul_rows(
     ld: usize,
     vnni: bool,
 ) {
-    let g32 = matches!(w.format, WeightFormat::I4 { group: 32, .. });
+    let g32 = matches!(
+        w.format,
+        WeightFormat::I4 { group: 32, .. } | WeightFormat::I4Rows8 { group: 32, .. }
+    );
     let st = w.format.scale_type().unwrap_or(ScaleType::F32);
     let (tiles, interleave, transpose_scales, finish): (
         &[TileFn],
@@ -585,11 +603,21 @@ pub(super) unsafe fn matmul_rows(
     // streamed) 85–91 GMAC/s by rows against 83–119 by tiles (95–119 from 6 tokens), while
     // for 2 and 4 tokens the rows' single stream keeps ahead (82–89 / 105–108 against 52–53 /
     // 88–89).
-    let by_rows = if vnni { TOKENS } else { TILE };
+    let interleaved = w.format.interleaved();
+    let by_rows = if interleaved {
+        0
+    } else if vnni {
+        TOKENS
+    } else {
+        TILE
+    };
     let max = if vnni && n > by_rows { TILE } else { TOKENS };
     let acts: Vec<(usize, usize, Acts)> = token_tiles(n, max)
         .map(|(t, nt)| (t, nt, Acts::new(input, pk, t)))
         .collect();
+    if interleaved {
+        return interleaved_rows(w, st, per, pairs, &acts, tiles, rows, out, ld);
+    }
     SCRATCH.with(|s| {
         let (codes, scales, sums) = &mut *s.borrow_mut();
         let mut acc = [ZERO; TILE];
@@ -695,6 +723,87 @@ pub(super) unsafe fn matmul_rows(
                         acc.as_mut_ptr(),
                     );
                     store(acc, t, c0 + k * ROWS, g.rows, out, ld);
+                }
+            }
+            c0 = c1;
+        }
+    });
+}
+
+/// [`matmul_rows`] on rows stored interleaved ([`crate::rows8`]): the tiles read the groups
+/// where they lie, for decode as for prefill, with no transposes; only f16 scales are
+/// widened, a group (or a chunk of groups that stays in L2 for several token tiles) at a
+/// time. The same tiles, so the same bits as on row-major int4.
+#[allow(clippy::too_many_arguments)]
+unsafe fn interleaved_rows(
+    w: &Weights,
+    st: ScaleType,
+    per: usize,
+    pairs: usize,
+    acts: &[(usize, usize, Acts)],
+    tiles: &[TileFn],
+    rows: std::ops::Range<usize>,
+    out: *mut f32,
+    ld: usize,
+) {
+    let group_codes = pairs * PAIR_BYTES;
+    let units = per * pairs;
+    let group_scales = units * ROWS;
+    let (rb, sb) = (w.format.row_bytes(w.cols), w.format.scale_row_bytes(w.cols));
+    // One token tile (decode, and most experts of a prefill chunk) reads each group once,
+    // a group at a time, as one sequential stream that the hardware prefetchers follow: a
+    // software prefetch of the group one or more ahead, as [`matmul_rows`] does for the rows
+    // it interleaves, cut a 256 MiB decode from 34 to 18–22 GB/s (`kernel_bench 256 2 1`,
+    // the yardstick 34 GB/s). More token tiles share a chunk of groups that stays in L2, the
+    // next chunk prefetched while they run.
+    let (rc, prefetch_next) = if acts.len() == 1 {
+        (ROWS, false)
+    } else {
+        (
+            (L2_ROWS / (rb + sb).max(1)).clamp(ROWS, 256) / ROWS * ROWS,
+            true,
+        )
+    };
+    SCRATCH.with(|s| {
+        let (_, scales, _) = &mut *s.borrow_mut();
+        scales.resize(rc / ROWS * group_scales, 0.0);
+        let mut acc = [ZERO; TILE];
+        let mut c0 = rows.start;
+        while c0 < rows.end {
+            let c1 = (c0 + rc).min(rows.end);
+            let groups = (c1 - c0) / ROWS;
+            let codes = w.data.as_ptr().add(c0 * rb);
+            let sv: *const f32 = if st == ScaleType::F32 {
+                w.scales.as_ptr().add(c0 * sb) as *const f32
+            } else {
+                widen_scales(
+                    w.scales.as_ptr().add(c0 * sb),
+                    st,
+                    groups * group_scales,
+                    scales.as_mut_ptr(),
+                );
+                scales.as_ptr()
+            };
+            let n1 = (c1 + rc).min(rows.end);
+            let next_codes = (w.data.as_ptr().wrapping_add(c1 * rb), (n1 - c1) * rb);
+            let next_scales = (w.scales.as_ptr().wrapping_add(c1 * sb), (n1 - c1) * sb);
+            for (ti, &(t, nt, a)) in acts.iter().enumerate() {
+                for k in 0..groups {
+                    if ti == 0 && prefetch_next {
+                        prefetch_slice(next_codes, k, groups);
+                        prefetch_slice(next_scales, k, groups);
+                    }
+                    let acc = &mut acc[..nt];
+                    acc.fill(ZERO);
+                    tiles[nt - 1](
+                        codes.add(k * group_codes),
+                        sv.add(k * group_scales),
+                        a,
+                        0,
+                        pairs,
+                        acc.as_mut_ptr(),
+                    );
+                    store(acc, t, c0 + k * ROWS, ROWS, out, ld);
                 }
             }
             c0 = c1;

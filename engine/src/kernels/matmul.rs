@@ -155,6 +155,9 @@ unsafe fn run_rows(
     out: *mut f32,
     ld: usize,
 ) {
+    if w.format.interleaved() {
+        return run_rows_interleaved(w, input, rows, out, ld);
+    }
     match level() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the AVX2 levels are only chosen when avx2, fma and f16c are detected (and
@@ -173,6 +176,48 @@ unsafe fn run_rows(
                     *out.add(t * ld + r) = super::dot_act(w.format, w.row(r), w.srow(r), a);
                 }
             }
+        }
+    }
+}
+
+/// [`run_rows`] for int4 with rows interleaved by 8 ([`crate::rows8`]): the 8-row kernels
+/// read it as it lies; other levels, f32 activations, or those kernels turned off
+/// (`COLIBRI_INT4_ROWS8=0`) take each row out as int4 for the per-row kernels, the same
+/// products as on row-major int4, at their (slower) speed.
+///
+/// # Safety
+/// As [`run_rows`].
+unsafe fn run_rows_interleaved(
+    w: &Weights,
+    input: &Input,
+    rows: std::ops::Range<usize>,
+    out: *mut f32,
+    ld: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if w.int8 && w.rows8 && super::avx2_rows8::serves(w) {
+        if let l @ (Level::Avx2 | Level::Avx512Vnni) = level() {
+            // SAFETY: as in `run_rows`; `serves` holds and the input holds its int4-order
+            // panel (`prepare_for` of int4 with int8 activations).
+            return super::avx2_rows8::matmul_rows(w, input, rows, out, ld, l == Level::Avx512Vnni);
+        }
+    }
+    let f = w.format.row_major();
+    let acts = input.acts(f, w.int8);
+    let mut codes = vec![0u8; f.row_bytes(w.cols)];
+    let mut scales = vec![0u8; f.scale_row_bytes(w.cols)];
+    for r in rows {
+        crate::rows8::gather_row(
+            w.format,
+            w.cols,
+            w.data,
+            w.scales,
+            r,
+            &mut codes,
+            &mut scales,
+        );
+        for (t, a) in acts.iter().enumerate() {
+            *out.add(t * ld + r) = super::dot_act(f, &codes, &scales, a);
         }
     }
 }

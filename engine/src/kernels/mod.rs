@@ -347,6 +347,7 @@ pub fn int4_rows8() -> bool {
 /// experts and dense matrices are treated alike: what decides is the format (int4, int2 and
 /// grouped int8 were quantized with int8 activations in mind; per-row int8 was not).
 pub fn int8_act_for(format: WeightFormat) -> bool {
+    let format = format.row_major();
     match int8_act_mode() {
         Int8Act::Off => false,
         Int8Act::All => format.is_quantized(),
@@ -485,6 +486,7 @@ pub fn quantize_act(x: &[f32], with_int4_order: bool) -> Q8Act {
 /// Prepares one activation row for `format`. `int8` asks for quantized activations; it is
 /// honoured only where [`q8_supported`].
 pub fn prepare(format: WeightFormat, x: &[f32], int8: bool) -> Act {
+    let format = format.row_major();
     let cols = x.len();
     let full = cols / QBLOCK;
     let mut act = Act {
@@ -651,6 +653,8 @@ impl<'a> Input<'a> {
     /// Every row prepared for `format`'s per-row kernels (made on first use, then shared by
     /// every task that reads this input).
     pub fn acts(&self, format: WeightFormat, int8: bool) -> Arc<[Act]> {
+        // Interleaved int4 takes the activations of int4 (its rows are int4 rows).
+        let format = format.row_major();
         let key = (format, int8);
         let mut made = self.per_row.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, a)) = made.iter().find(|(k, _)| *k == key) {
@@ -844,6 +848,7 @@ impl<'a> Input<'a> {
     /// Makes the forms `format` (with or without int8 activations) needs, so the parallel
     /// kernels find them ready.
     pub fn prepare_for(&self, format: WeightFormat, int8: bool) {
+        let format = format.row_major();
         if !level().has_avx2() || !matmul::tiled(format, self.cols) {
             self.acts(format, int8);
             return;

@@ -75,6 +75,9 @@ pub fn elem(format: WeightFormat, w: &[u8], j: usize, cols: usize) -> f32 {
         WeightFormat::I2 { .. } => i2_code(w, j, cols) as f32 - 1.5,
         WeightFormat::I3G64 => super::lowbit::i3_code(w, j) as f32 - 4.0,
         WeightFormat::I2Plain => super::lowbit::i2p_code(w, j) as f32 - 2.0,
+        WeightFormat::I4Rows8 { .. } => {
+            unreachable!("int4-rows8 rows are taken out as int4 first (rows8::gather_row)")
+        }
     }
 }
 

@@ -506,6 +506,103 @@ fn interleaved_int4_gives_the_reference_bits() {
     }
 }
 
+/// int4 stored with its rows interleaved by 8 (`int4-rows8`, `crate::rows8`) gives the same
+/// bits as the same codes stored row after row: with int8 activations on every level and on
+/// the 8-row kernels directly (the scalar reference's bits), with the 8-row kernels turned
+/// off or f32 activations (the per-row kernels on rows taken out), and row by row
+/// (`row_dot`, `row_to_f32`); decode, batched decode and prefill token counts.
+#[test]
+fn rows8_layout_gives_the_bits_of_row_major_int4() {
+    let mut rng = Rng(78);
+    for scale in [ScaleType::F16, ScaleType::F32] {
+        for group in [32, 64] {
+            let format = WeightFormat::I4 { group, scale };
+            for (rows, cols) in [(8, 64), (16, 128), (24, 2048), (208, 1088), (40, 3136)] {
+                let mut m = random_matrix(format, rows, cols, &mut rng);
+                m.int8_act = true;
+                let f8 = crate::rows8::for_shape(format, rows, cols);
+                assert!(f8.interleaved());
+                let w0 = m.weights();
+                let (c, sc) = crate::rows8::interleave(format, rows, cols, w0.data, w0.scales);
+                let mut m8 = Matrix::quantized(
+                    rows,
+                    cols,
+                    f8,
+                    Blob::Owned(Arc::new(c)),
+                    Some(Blob::Owned(Arc::new(sc))),
+                )
+                .unwrap();
+                m8.int8_act = true;
+                let x1: Vec<f32> = (0..cols).map(|_| rng.f()).collect();
+                let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+                for r in [0, rows / 2 + 1, rows - 1] {
+                    assert_eq!(m8.row_dot(r, &x1).to_bits(), m.row_dot(r, &x1).to_bits());
+                    m.row_to_f32(r, &mut a);
+                    m8.row_to_f32(r, &mut b);
+                    assert_eq!(a, b);
+                }
+                for n in [1, 2, 3, 4, 5, 8, 9, 13, 40] {
+                    let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 2.0).collect();
+                    let input = Input::new(&x, n);
+                    let mut outs = Vec::new();
+                    for (rows8, int8) in [(true, true), (false, true), (true, false)] {
+                        let mut w = m8.weights();
+                        (w.rows8, w.int8) = (rows8, int8);
+                        let mut out = vec![0f32; n * rows];
+                        matmul(&w, &input, &mut out);
+                        outs.push((rows8, int8, "level", out));
+                    }
+                    #[cfg(target_arch = "x86_64")]
+                    for vnni in [false, true] {
+                        if !Level::Avx2.runs_under(level())
+                            || (vnni && level() != Level::Avx512Vnni)
+                        {
+                            continue;
+                        }
+                        input.prepare_for(f8, true);
+                        let mut o = vec![0f32; n * rows];
+                        let w = m8.weights();
+                        // SAFETY: the level checks above; the input is prepared.
+                        unsafe {
+                            super::avx2_rows8::matmul_rows(
+                                &w,
+                                &input,
+                                0..rows,
+                                o.as_mut_ptr(),
+                                rows,
+                                vnni,
+                            )
+                        };
+                        outs.push((true, true, if vnni { "vnni" } else { "avx2" }, o));
+                    }
+                    for (rows8, int8, path, out) in &outs {
+                        let acts = input.acts(format, *int8);
+                        for t in 0..n {
+                            let act = input.act(t, *int8);
+                            for r in 0..rows {
+                                let (wr, sr) = row_of(&m, r);
+                                // The 8-row kernels give the scalar reference's bits; the
+                                // fallback gives the per-row kernels' bits on the same row.
+                                let want = if *rows8 && *int8 {
+                                    scalar::dot_row(format, wr, sr, &act)
+                                } else {
+                                    super::dot_act(format, wr, sr, &acts[t])
+                                };
+                                assert_eq!(
+                                    out[t * rows + r].to_bits(),
+                                    want.to_bits(),
+                                    "{path} rows8 {rows8} int8 {int8}: {format:?} {rows}x{cols} \
+                                     n {n} row {r} token {t}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The AVX-512 BF16 kernels (bf16 weights × bf16-rounded activations) give their
 /// reference's bits (`avx512_bf16::dot_ref`, the instruction's arithmetic), in every tile
 /// shape, odd sizes included; run directly wherever the CPU has them, whatever

@@ -206,6 +206,9 @@ pub fn quantize_row(format: WeightFormat, row: &[f32], data: &mut Vec<u8>, scale
         }
         WeightFormat::I3G64 => lowbit::quantize_row_i3(row, data, scales),
         WeightFormat::I2Plain => lowbit::quantize_row_i2_plain(row, data, scales),
+        WeightFormat::I4Rows8 { .. } => {
+            panic!("int4-rows8 interleaves whole matrices: quantize with quant::quantize")
+        }
     }
 }
 
@@ -216,6 +219,12 @@ pub fn quantize(format: WeightFormat, rows: usize, cols: usize, values: &[f32]) 
         rows * cols,
         "quantize: values do not fill rows × cols"
     );
+    if format.interleaved() {
+        let f = format.row_major();
+        let p = quantize(f, rows, cols, values);
+        let (data, scales) = crate::rows8::interleave(f, rows, cols, &p.data, &p.scales);
+        return Packed { data, scales };
+    }
     let parts: Vec<Packed> = values
         .par_chunks(cols.max(1) * 64)
         .map(|chunk| {
@@ -239,6 +248,10 @@ pub fn quantize(format: WeightFormat, rows: usize, cols: usize, values: &[f32]) 
 
 /// Decodes a whole quantized matrix back to f32 (tests, error measurement).
 pub fn dequantize(format: WeightFormat, rows: usize, cols: usize, p: &Packed) -> Vec<f32> {
+    if format.interleaved() {
+        let (data, scales) = crate::rows8::deinterleave(format, rows, cols, &p.data, &p.scales);
+        return dequantize(format.row_major(), rows, cols, &Packed { data, scales });
+    }
     let (rb, sb) = (format.row_bytes(cols), format.scale_row_bytes(cols));
     let mut out = vec![0f32; rows * cols];
     for (r, o) in out.chunks_mut(cols.max(1)).enumerate() {

@@ -21,13 +21,23 @@ pub const DEFAULT_MAX_TOKENS: usize = 256;
 /// Loads a model folder, with a spinner on a terminal (a byte bar with rate and ETA for a
 /// large one; stdout stays clean). Returns the model and the seconds taken.
 pub fn load_model(dir: &Path) -> anyhow::Result<(Model, f64)> {
+    load_model_with(dir, false)
+}
+
+/// [`load_model`]; `streamed_experts`: the expert files stay mapped (the expert cache will
+/// read them), only the dense files may be copied into RAM.
+pub fn load_model_with(dir: &Path, streamed_experts: bool) -> anyhow::Result<(Model, f64)> {
     let t = Instant::now();
+    let open = colibri_engine::container::OpenOptions {
+        streamed_experts,
+        ..Default::default()
+    };
     let bar = std::cell::RefCell::new(progress::LoadBar::new(
         dir.display().to_string(),
         progress::LOAD_BAR_MIN_BYTES,
         false,
     ));
-    let model = Model::load_with_progress(dir, &|p| {
+    let model = Model::load_with(dir, &open, &|p| {
         bar.borrow_mut().update(p.done, p.total, &p.message)
     });
     bar.borrow().finish();
@@ -92,7 +102,7 @@ pub fn max_tokens(
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     let spec = args.prompt_spec()?;
-    let (mut model, load_s) = load_model(&args.target.model)?;
+    let (mut model, load_s) = load_model_with(&args.target.model, args.expert_cache.is_some())?;
     let streaming = match args.expert_cache {
         Some(mib) => {
             let opts = StreamOptions {

@@ -134,8 +134,8 @@ pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
         }
         eprintln!("note: --expert-topp {p} is lossy: outputs differ from the full model");
     }
-    let (mut model, load_s) =
-        local::load_model(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
+    let (mut model, load_s) = local::load_model_with(&a.model, a.stream)
+        .with_context(|| format!("loading {}", a.model.display()))?;
     let replay = match &a.replay_routing {
         Some(p) => Some(Arc::new(replay_source(&model, p)?)),
         None => None,

@@ -290,7 +290,12 @@ impl Daemon {
                 std::thread::sleep(d);
             }
         };
-        let loaded = Model::load_with_progress(Path::new(&id), &report).and_then(|mut m| {
+        // Expert files the cache will stream stay mapped; the rest may be copied into RAM.
+        let open = colibri_engine::container::OpenOptions {
+            streamed_experts: self.cfg.stream || expert_cache_bytes.is_some(),
+            ..Default::default()
+        };
+        let loaded = Model::load_with(Path::new(&id), &open, &report).and_then(|mut m| {
             for n in &m.info.notes {
                 tracing::warn!("{id}: {n}");
             }

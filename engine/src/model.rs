@@ -2,7 +2,7 @@
 //! serves prefill, decode and the daemon's multi-session steps alike.
 
 use crate::arch::{self, Network};
-use crate::container::Checkpoint;
+use crate::container::{Checkpoint, OpenOptions};
 use crate::error::{Error, Result};
 use crate::kv::KvCache;
 use crate::text::Text;
@@ -86,7 +86,17 @@ impl Model {
 
     /// [`load`](Self::load), telling `progress` where it is (see [`LoadProgress`]).
     pub fn load_with_progress(dir: &Path, progress: &dyn Fn(LoadProgress)) -> Result<Model> {
-        let ckpt = Checkpoint::open(dir)?;
+        Self::load_with(dir, &OpenOptions::default(), progress)
+    }
+
+    /// [`load_with_progress`](Self::load_with_progress), the weights placed as `opts` says
+    /// (in RAM or memory-mapped; expert files left mapped when they will be streamed).
+    pub fn load_with(
+        dir: &Path,
+        opts: &OpenOptions,
+        progress: &dyn Fn(LoadProgress),
+    ) -> Result<Model> {
+        let ckpt = Checkpoint::open_with(dir, opts)?;
         let hook = arch::LoadHook::new(&ckpt, progress);
         hook.report(
             LoadStage::Opening,

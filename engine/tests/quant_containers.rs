@@ -547,3 +547,43 @@ fn mtp_experts_stay_int8_in_an_int4_container() {
     // And the converted model still loads, MTP layer included.
     Model::load(tmp.path()).unwrap();
 }
+
+/// Weights copied into RAM (`COLIBRI_WEIGHTS=ram`) give the logits of the same folder
+/// memory-mapped, and a folder whose experts will be streamed keeps its expert files mapped
+/// while its dense file is copied.
+#[test]
+fn weights_in_ram_give_the_logits_of_mapped_ones() {
+    use colibri_engine::container::{Checkpoint, OpenOptions, WeightsIn};
+    let fam = olmoe();
+    let tmp = tempfile::tempdir().unwrap();
+    let int4 = parse_format("int4", 64).unwrap();
+    convert_to(&fam, tmp.path(), int4, WeightFormat::BF16);
+    let r = load_reference(&fam).unwrap();
+    let open = |weights, streamed_experts| OpenOptions {
+        weights,
+        streamed_experts,
+    };
+    let score = |o: OpenOptions| {
+        Model::load_with(tmp.path(), &o, &|_| {})
+            .unwrap()
+            .score(&r.input_ids)
+            .unwrap()
+    };
+    let mapped = score(open(WeightsIn::Map, false));
+    assert_eq!(score(open(WeightsIn::Ram, false)), mapped);
+    assert_eq!(score(open(WeightsIn::Ram, true)), mapped);
+    // Where each file's bytes live.
+    let ram = Checkpoint::open_with(tmp.path(), &open(WeightsIn::Ram, true)).unwrap();
+    let map = Checkpoint::open_with(tmp.path(), &open(WeightsIn::Map, false)).unwrap();
+    for name in ram.tensor_names() {
+        let (a, b) = (ram.get(name).unwrap(), map.get(name).unwrap());
+        assert_eq!(
+            &a.file.bytes()[a.start..a.end],
+            &b.file.bytes()[b.start..b.end],
+            "{name}"
+        );
+        let expert = name.contains(".experts.");
+        assert_eq!(a.file.in_ram(), !expert, "{name}");
+        assert!(!b.file.in_ram(), "{name}");
+    }
+}

@@ -30,11 +30,18 @@ pub struct MappedFile {
     mmap: Mmap,
     /// The `__metadata__` map of the header (format versions, quantisation records).
     pub metadata: BTreeMap<String, String>,
+    /// The bytes were copied into anonymous memory ([`WeightsIn`]) rather than mapped.
+    in_ram: bool,
 }
 
 impl MappedFile {
     pub fn bytes(&self) -> &[u8] {
         &self.mmap
+    }
+
+    /// Whether the bytes were copied into RAM ([`WeightsIn::Ram`], [`WeightsIn::Auto`]).
+    pub fn in_ram(&self) -> bool {
+        self.in_ram
     }
 }
 
@@ -122,10 +129,116 @@ pub struct Checkpoint {
     pub c_layout: bool,
 }
 
+/// Where the weights of an opened folder are read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightsIn {
+    /// In RAM when they fit in half of the memory available (and of the memory cgroup's
+    /// room), else memory-mapped (`COLIBRI_WEIGHTS=auto`, the default).
+    Auto,
+    /// Copied into anonymous memory (`COLIBRI_WEIGHTS=ram`).
+    Ram,
+    /// Memory-mapped from the files, read through the page cache (`COLIBRI_WEIGHTS=mmap`:
+    /// loading takes no time, and the bytes are shared with the page cache).
+    Map,
+}
+
+impl WeightsIn {
+    /// `COLIBRI_WEIGHTS`: `ram`, `mmap` or `auto` (anything else).
+    pub fn from_env() -> WeightsIn {
+        match std::env::var("COLIBRI_WEIGHTS").as_deref() {
+            Ok("ram") => WeightsIn::Ram,
+            Ok("mmap") | Ok("map") => WeightsIn::Map,
+            _ => WeightsIn::Auto,
+        }
+    }
+}
+
+/// How [`Checkpoint::open_with`] opens a folder.
+#[derive(Clone, Copy, Debug)]
+pub struct OpenOptions {
+    pub weights: WeightsIn,
+    /// The routed experts will be streamed through the expert cache: files holding expert
+    /// extents stay mapped (the cache reads them), only the dense files may be copied.
+    pub streamed_experts: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            weights: WeightsIn::from_env(),
+            streamed_experts: false,
+        }
+    }
+}
+
+/// Bytes that may be copied into RAM under [`WeightsIn::Auto`]: half of what is available,
+/// in the machine (`MemAvailable`) and in this process's memory cgroup (v1 or v2), so the
+/// page cache and everything else keep the other half. 0 where neither can be read.
+fn ram_budget() -> u64 {
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    let avail = read("/proc/meminfo").and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kb| kb << 10)
+    });
+    let Some(mut room) = avail else { return 0 };
+    for line in read("/proc/self/cgroup").unwrap_or_default().lines() {
+        let mut f = line.splitn(3, ':');
+        let (_, ctrl, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
+        let (limit, usage) = match ctrl {
+            "" => (
+                format!("/sys/fs/cgroup{path}/memory.max"),
+                format!("/sys/fs/cgroup{path}/memory.current"),
+            ),
+            c if c.split(',').any(|c| c == "memory") => (
+                format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes"),
+                format!("/sys/fs/cgroup/memory{path}/memory.usage_in_bytes"),
+            ),
+            _ => continue,
+        };
+        let num = |p: &str| read(p).and_then(|v| v.trim().parse::<u64>().ok());
+        if let (Some(l), Some(u)) = (num(&limit), num(&usage)) {
+            room = room.min(l.saturating_sub(u));
+        }
+    }
+    room / 2
+}
+
+/// `map`'s bytes copied into anonymous memory, read-only.
+fn into_ram(map: &Mmap, path: &Path) -> Result<Mmap> {
+    let mut anon = memmap2::MmapMut::map_anon(map.len()).map_err(|e| Error::io(path, e))?;
+    anon.copy_from_slice(map);
+    anon.make_read_only().map_err(|e| Error::io(path, e))
+}
+
 impl Checkpoint {
     /// Opens and validates a Hub checkpoint directory. Shards are taken from
     /// `model.safetensors.index.json` when present, otherwise every `*.safetensors` file.
+    /// Where the weights live follows `COLIBRI_WEIGHTS` ([`OpenOptions::default`]).
     pub fn open(dir: &Path) -> Result<Self> {
+        Self::open_with(dir, &OpenOptions::default())
+    }
+
+    /// Only memory-mapped, whatever `COLIBRI_WEIGHTS` says (a converter's input, read once).
+    pub fn open_mapped(dir: &Path) -> Result<Self> {
+        Self::open_with(
+            dir,
+            &OpenOptions {
+                weights: WeightsIn::Map,
+                streamed_experts: false,
+            },
+        )
+    }
+
+    /// [`open`](Self::open), the weights placed as `opts` says.
+    ///
+    /// Why copy: on the Zen 4 machine (docs/PERFORMANCE.md) decode of the OLMoE-1B-7B synth
+    /// ran 26–31 tok/s memory-mapped right after its conversion and 41–42 later, against
+    /// 43–52 copied into RAM (llama.cpp 44–45 in the same rounds): a copy makes decode
+    /// independent of how the page cache holds the files, at the price of the load time
+    /// (3–8 s for 3.8 GB against 0.1–0.2 s), paid once by the daemon.
+    pub fn open_with(dir: &Path, opts: &OpenOptions) -> Result<Self> {
         if !dir.is_dir() {
             return Err(Error::Config {
                 file: dir.to_path_buf(),
@@ -177,6 +290,11 @@ impl Checkpoint {
         let mut tensors: HashMap<String, TensorRef> = HashMap::new();
         let mut expert_extents = HashMap::new();
         let mut container_files: Option<bool> = None;
+        let mut ram_left = match opts.weights {
+            WeightsIn::Auto => ram_budget(),
+            WeightsIn::Ram => u64::MAX,
+            WeightsIn::Map => 0,
+        };
         for (shard, listed) in &shards {
             let path = dir.join(shard);
             let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
@@ -196,8 +314,20 @@ impl Checkpoint {
                 }),
                 _ => {}
             }
+            let holds_experts = container_meta
+                .as_ref()
+                .is_some_and(|m| !m.experts.is_empty());
+            let len = mmap.len() as u64;
+            let in_ram = len <= ram_left && !(opts.streamed_experts && holds_experts);
+            let mmap = if in_ram {
+                ram_left -= len;
+                into_ram(&mmap, &path)?
+            } else {
+                mmap
+            };
             let mapped = Arc::new(MappedFile {
                 path: path.clone(),
+                in_ram,
                 mmap,
                 metadata: parsed.metadata,
             });

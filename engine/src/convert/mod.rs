@@ -552,7 +552,7 @@ pub struct ConvertSummary {
 /// Converts `opts.input` into the container folder `opts.output` (resuming a previous,
 /// interrupted run into the same folder).
 pub fn convert(opts: &ConvertOptions, progress: &dyn Progress) -> Result<ConvertSummary> {
-    let ckpt = Checkpoint::open(&opts.input)?;
+    let ckpt = Checkpoint::open_mapped(&opts.input)?;
     if ckpt.is_container {
         return Err(Error::invalid(
             "input",

@@ -187,15 +187,12 @@ unsafe fn transpose_scales<const G32: bool>(
     }
 }
 
-/// `n` f16 or f32 scales at `src` as f32 at `dst` (a multiple of 8 values: an interleaved
-/// group's scales, 8 rows per unit, [`crate::rows8`]).
+/// `n` f16 scales at `src` as f32 at `dst` (a multiple of 8 values: an interleaved group's
+/// scales, 8 rows per unit, [`crate::rows8`]; f32 scales are read where they lie).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn widen_scales(src: *const u8, st: ScaleType, n: usize, dst: *mut f32) {
+unsafe fn widen_f16_scales(src: *const u8, n: usize, dst: *mut f32) {
     for k in (0..n).step_by(8) {
-        let v = match st {
-            ScaleType::F16 => _mm256_cvtph_ps(_mm_loadu_si128(src.add(2 * k) as *const __m128i)),
-            ScaleType::F32 => _mm256_loadu_ps(src.add(4 * k) as *const f32),
-        };
+        let v = _mm256_cvtph_ps(_mm_loadu_si128(src.add(2 * k) as *const __m128i));
         _mm256_storeu_ps(dst.add(k), v);
     }
 }
@@ -776,9 +773,8 @@ unsafe fn interleaved_rows(
             let sv: *const f32 = if st == ScaleType::F32 {
                 w.scales.as_ptr().add(c0 * sb) as *const f32
             } else {
-                widen_scales(
+                widen_f16_scales(
                     w.scales.as_ptr().add(c0 * sb),
-                    st,
                     groups * group_scales,
                     scales.as_mut_ptr(),
                 );

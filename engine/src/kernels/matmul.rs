@@ -195,10 +195,10 @@ unsafe fn run_rows_interleaved(
     ld: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if w.int8 && w.rows8 && super::avx2_rows8::serves(w) {
+    if w.rows8 && super::avx2_rows8::serves(w) {
         if let l @ (Level::Avx2 | Level::Avx512Vnni) = level() {
-            // SAFETY: as in `run_rows`; `serves` holds and the input holds its int4-order
-            // panel (`prepare_for` of int4 with int8 activations).
+            // SAFETY: as in `run_rows`; `serves` holds (int8 activations included) and the
+            // input holds its int4-order panel (`prepare_for` of int4 with int8 activations).
             return super::avx2_rows8::matmul_rows(w, input, rows, out, ld, l == Level::Avx512Vnni);
         }
     }

@@ -434,6 +434,27 @@ fn per_row_fast_paths_match_the_scalar_reference() {
     assert!(checked > 1000);
 }
 
+/// The outputs of `avx2_rows8.rs` run directly on `w` × `input` (int8 activations), whatever
+/// level runs: AVX2 and, where the CPU has it, AVX-512 VNNI; none on other CPUs.
+fn rows8_kernels_directly(w: &Weights, input: &Input) -> Vec<(&'static str, Vec<f32>)> {
+    #[allow(unused_mut)]
+    let mut outs = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    for vnni in [false, true] {
+        if !Level::Avx2.runs_under(level()) || (vnni && level() != Level::Avx512Vnni) {
+            continue;
+        }
+        input.prepare_for(w.format, true);
+        let mut o = vec![0f32; input.n * w.rows];
+        // SAFETY: the level checks above; the input is prepared.
+        unsafe {
+            super::avx2_rows8::matmul_rows(w, input, 0..w.rows, o.as_mut_ptr(), w.rows, vnni)
+        };
+        outs.push((if vnni { "vnni" } else { "avx2" }, o));
+    }
+    outs
+}
+
 /// int4 with a scale per 32 or 64 elements and int8 activations (8 rows interleaved on
 /// AVX2) gives the scalar reference's bits exactly, in decode (1 token), batched decode
 /// (2–8) and prefill (more): groups short of 8 rows, rows cut into several column chunks,
@@ -462,30 +483,7 @@ fn interleaved_int4_gives_the_reference_bits() {
                     let mut out = vec![0f32; n * rows];
                     matmul(&w, &input, &mut out);
                     let mut outs = vec![("level", out)];
-                    // Both integer paths directly, whatever level runs: AVX2 and, where the
-                    // CPU has it, AVX-512 VNNI.
-                    #[cfg(target_arch = "x86_64")]
-                    for vnni in [false, true] {
-                        if !Level::Avx2.runs_under(level())
-                            || (vnni && level() != Level::Avx512Vnni)
-                        {
-                            continue;
-                        }
-                        input.prepare_for(format, true);
-                        let mut o = vec![0f32; n * rows];
-                        // SAFETY: the level checks above; the input is prepared.
-                        unsafe {
-                            super::avx2_rows8::matmul_rows(
-                                &w,
-                                &input,
-                                0..rows,
-                                o.as_mut_ptr(),
-                                rows,
-                                vnni,
-                            )
-                        };
-                        outs.push((if vnni { "vnni" } else { "avx2" }, o));
-                    }
+                    outs.extend(rows8_kernels_directly(&w, &input));
                     for (path, out) in &outs {
                         for t in 0..n {
                             let act = input.act(t, true);
@@ -552,28 +550,8 @@ fn rows8_layout_gives_the_bits_of_row_major_int4() {
                         matmul(&w, &input, &mut out);
                         outs.push((rows8, int8, "level", out));
                     }
-                    #[cfg(target_arch = "x86_64")]
-                    for vnni in [false, true] {
-                        if !Level::Avx2.runs_under(level())
-                            || (vnni && level() != Level::Avx512Vnni)
-                        {
-                            continue;
-                        }
-                        input.prepare_for(f8, true);
-                        let mut o = vec![0f32; n * rows];
-                        let w = m8.weights();
-                        // SAFETY: the level checks above; the input is prepared.
-                        unsafe {
-                            super::avx2_rows8::matmul_rows(
-                                &w,
-                                &input,
-                                0..rows,
-                                o.as_mut_ptr(),
-                                rows,
-                                vnni,
-                            )
-                        };
-                        outs.push((true, true, if vnni { "vnni" } else { "avx2" }, o));
+                    for (path, o) in rows8_kernels_directly(&m8.weights(), &input) {
+                        outs.push((true, true, path, o));
                     }
                     for (rows8, int8, path, out) in &outs {
                         let acts = input.acts(format, *int8);

@@ -33,6 +33,10 @@ pub struct ConvertArgs {
     /// int4-g32 attention with int8-g32 for the rest).
     #[arg(long)]
     pub attention: Option<String>,
+    /// Format of the output head (lm_head, and the embedding table when tied to it), when it
+    /// should differ from --dense: decode reads all of it for every token (e.g. int4-g32).
+    #[arg(long)]
+    pub lm_head: Option<String>,
     /// How int4 rows (groups of 32 or 64) are laid out: `rows8`, 8 rows interleaved so the
     /// kernels find them in the lanes of a vector (faster decode and prefill on x86), or
     /// `rows`, each row on its own (docs/FORMAT.md).
@@ -86,6 +90,11 @@ pub fn convert(a: ConvertArgs) -> anyhow::Result<()> {
         dense: convert::parse_format(&a.dense, 0)?,
         attention: a
             .attention
+            .as_deref()
+            .map(|f| convert::parse_format(f, 0))
+            .transpose()?,
+        lm_head: a
+            .lm_head
             .as_deref()
             .map(|f| convert::parse_format(f, 0))
             .transpose()?,

@@ -107,6 +107,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 experts: parse_format(ex, g)?,
                 dense: parse_format(dense, 0)?,
                 attention: attention.map(|a| parse_format(a, 0)).transpose()?,
+                lm_head: None,
                 interleave: true,
             };
             convert(&opts, &())?;

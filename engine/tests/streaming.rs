@@ -215,6 +215,7 @@ fn streamed_experts_are_bit_identical_on_every_family() {
             experts: parse_format("int4", 32).unwrap(),
             dense: WeightFormat::BF16,
             attention: None,
+            lm_head: None,
             interleave: true,
         };
         convert(&o, &()).unwrap();
@@ -232,6 +233,7 @@ fn container_experts_are_one_aligned_read_each() {
         experts: parse_format("int4", 32).unwrap(),
         dense: WeightFormat::BF16,
         attention: None,
+        lm_head: None,
         interleave: true,
     };
     convert(&o, &()).unwrap();

@@ -37,6 +37,11 @@ pub struct ConvertOptions {
     /// The attention projections' format when it differs from `dense` (`self_attn.*`
     /// matrices but the sparse-attention indexer, which stays exact).
     pub attention: Option<WeightFormat>,
+    /// The output head's format when it differs from `dense` (`lm_head.weight`, the MTP
+    /// layers' `shared_head.head.weight`, and the embedding table when the model ties it to
+    /// the head). Decode reads the whole head for every token: on OLMoE-1B-7B it is 16% of
+    /// a lean container's bytes (docs/PERFORMANCE.md).
+    pub lm_head: Option<WeightFormat>,
     /// int4 matrices with groups of 32 or 64 written with their rows interleaved by 8
     /// ([`WeightFormat::I4Rows8`], `crate::rows8`) where the shape allows: what the 8-row
     /// kernels read without transposing. `false` writes every row on its own.
@@ -154,6 +159,14 @@ pub fn keep_exact(name: &str) -> bool {
     name.ends_with(".gate.weight") || name.contains(".indexer.")
 }
 
+/// The output head: `lm_head.weight`, an MTP layer's `shared_head.head.weight`, and the
+/// embedding table when `tied` (the model reads its logits through it).
+pub fn is_output_head(name: &str, tied: bool) -> bool {
+    name == "lm_head.weight"
+        || name.ends_with(".shared_head.head.weight")
+        || (tied && name.ends_with("embed_tokens.weight") && !name.contains(".layers."))
+}
+
 /// An attention projection (`...self_attn.q_proj.weight`, MLA's `q_a_proj`, `kv_b_proj`, ...).
 pub fn is_attention(name: &str) -> bool {
     name.contains(".self_attn.") && !name.contains(".indexer.")
@@ -197,6 +210,11 @@ pub fn plan(ckpt: &Checkpoint, opts: &ConvertOptions) -> Result<Vec<PlannedPart>
         .map(|v| v as usize);
     let is_mtp =
         |name: &str| matches!((layer_of(name), decoder_layers), (Some(l), Some(n)) if l >= n);
+    let tied = ckpt
+        .config
+        .get("tie_word_embeddings")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
     for name in names {
         let t = ckpt.get(name).expect("listed");
         if name.ends_with("_scale_inv") {
@@ -234,8 +252,9 @@ pub fn plan(ckpt: &Checkpoint, opts: &ConvertOptions) -> Result<Vec<PlannedPart>
                 f => f,
             }
         } else if matrix && !keep_exact(name) {
-            match opts.attention {
-                Some(f) if is_attention(name) => f,
+            match (opts.attention, opts.lm_head) {
+                (Some(f), _) if is_attention(name) => f,
+                (_, Some(f)) if is_output_head(name, tied) => f,
                 _ => opts.dense,
             }
         } else {
@@ -504,6 +523,9 @@ fn fingerprint(ckpt: &Checkpoint, opts: &ConvertOptions) -> String {
         // Only when set, so the fingerprints of earlier conversions stay valid.
         s.push_str(&format!("attention={}\n", a.name()));
     }
+    if let Some(h) = opts.lm_head {
+        s.push_str(&format!("lm_head={}\n", h.name()));
+    }
     if opts.interleave {
         // Likewise: a conversion that was under way with rows one after another resumes so.
         s.push_str("int4-rows8\n");
@@ -712,5 +734,23 @@ mod tests {
         }
         assert_eq!(parse_format("int3", 0).unwrap(), WeightFormat::I3G64);
         assert!(parse_format("int3-g32", 0).is_err());
+    }
+
+    /// `--lm-head` reaches the output heads, and the embedding table only where the model
+    /// ties it to the head.
+    #[test]
+    fn output_heads_are_named() {
+        assert!(is_output_head("lm_head.weight", false));
+        assert!(is_output_head(
+            "model.layers.61.shared_head.head.weight",
+            false
+        ));
+        assert!(!is_output_head("model.embed_tokens.weight", false));
+        assert!(is_output_head("model.embed_tokens.weight", true));
+        assert!(!is_output_head("model.layers.61.embed_tokens.weight", true));
+        assert!(!is_output_head(
+            "model.layers.0.self_attn.o_proj.weight",
+            true
+        ));
     }
 }

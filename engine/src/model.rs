@@ -43,6 +43,11 @@ pub struct Model {
 /// What a model load is doing, as [`LoadProgress`] reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LoadStage {
+    /// The files' bytes are being copied into RAM ([`crate::container::WeightsIn`]):
+    /// `done`/`total` count the bytes of the files copied, not the tensor bytes of the
+    /// stages after it. Reported (before [`Opening`](Self::Opening)) only when a file is
+    /// copied, every 64 MiB, from 0 to `total`.
+    Copying,
     /// The checkpoint's headers are read and its files mapped; nothing is loaded yet.
     Opening,
     /// Decoder layers (then embeddings and head) are being loaded and checked.
@@ -53,7 +58,8 @@ pub enum LoadStage {
 
 /// How far [`Model::load_with_progress`] has got, in the checkpoint's tensor bytes. Reported
 /// once per decoder layer (not per byte): `done` only grows, never passes `total`, and the
-/// last report has `done == total`.
+/// last report has `done == total`. Before them, when files are copied into RAM, reports of
+/// [`LoadStage::Copying`] count the bytes copied (their own `total`, the same rules).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoadProgress {
     pub stage: LoadStage,
@@ -96,7 +102,14 @@ impl Model {
         opts: &OpenOptions,
         progress: &dyn Fn(LoadProgress),
     ) -> Result<Model> {
-        let ckpt = Checkpoint::open_with(dir, opts)?;
+        let ckpt = Checkpoint::open_reporting(dir, opts, &|done, total| {
+            progress(LoadProgress {
+                stage: LoadStage::Copying,
+                done,
+                total,
+                message: "copying into RAM".into(),
+            })
+        })?;
         let hook = arch::LoadHook::new(&ckpt, progress);
         hook.report(
             LoadStage::Opening,

@@ -87,6 +87,59 @@ pub fn interleave(
     (c, s)
 }
 
+/// Rearranges a row-major int4 matrix (`format` its [`WeightFormat::I4`], the shape [`fits`])
+/// into the interleaved layout where it lies, and returns [`WeightFormat::I4Rows8`]: the
+/// loader's repack of a RAM copy (docs/FORMAT.md, "Repacked at load"). Group `G` of 8 rows
+/// occupies the same bytes in both layouts (its codes `8 · cols / 2` bytes from
+/// `G · 8 · cols / 2`, its scales likewise), so each group is moved through a scratch copy
+/// of itself, the groups in parallel on rayon. The result equals [`interleave`]'s.
+pub fn interleave_in_place(
+    format: WeightFormat,
+    rows: usize,
+    cols: usize,
+    codes: &mut [u8],
+    scales: &mut [u8],
+) -> WeightFormat {
+    use rayon::prelude::*;
+    let WeightFormat::I4 { group, scale } = format else {
+        panic!("rows8::interleave_in_place: {format:?} is not int4")
+    };
+    assert!(fits(rows, cols, group), "rows8::interleave_in_place: shape");
+    let (rb, ss, units) = (cols / 2, scale.size(), cols / group as usize);
+    assert_eq!(codes.len(), rows * rb);
+    assert_eq!(scales.len(), rows * units * ss);
+    let (gc, gs) = (ROWS * rb, ROWS * units * ss);
+    // About 64 KiB of codes per rayon task: small matrices stay on one thread.
+    let min_len = (64 << 10) / gc + 1;
+    codes
+        .par_chunks_mut(gc)
+        .zip(scales.par_chunks_mut(gs))
+        .with_min_len(min_len)
+        .for_each_init(
+            || (vec![0u8; gc], vec![0u8; gs]),
+            |(tc, ts), (c, s)| {
+                // Codes: word `w` (4 bytes) of row `i` goes to word `w · 8 + i`.
+                tc.copy_from_slice(c);
+                let words = rb / WORD;
+                for (w, out) in c.chunks_exact_mut(ROWS * WORD).enumerate() {
+                    for (i, o) in out.chunks_exact_mut(WORD).enumerate() {
+                        let at = (i * words + w) * WORD;
+                        o.copy_from_slice(&tc[at..at + WORD]);
+                    }
+                }
+                // Scales: unit `k` of row `i` goes to value `k · 8 + i`.
+                ts.copy_from_slice(s);
+                for (k, out) in s.chunks_exact_mut(ROWS * ss).enumerate() {
+                    for (i, o) in out.chunks_exact_mut(ss).enumerate() {
+                        let at = (i * units + k) * ss;
+                        o.copy_from_slice(&ts[at..at + ss]);
+                    }
+                }
+            },
+        );
+    WeightFormat::I4Rows8 { group, scale }
+}
+
 /// Row `r` of an interleaved matrix (`format` [`WeightFormat::I4Rows8`]) as row-major int4:
 /// its codes into `codes` (`cols / 2` bytes) and its scales into `scales`.
 pub fn gather_row(
@@ -166,6 +219,27 @@ mod tests {
             );
             let (dc, ds) = deinterleave(r8, rows, cols, &c, &s);
             assert_eq!((dc, ds), (codes, scales));
+        }
+    }
+
+    #[test]
+    fn interleaving_in_place_gives_the_bytes_of_interleave() {
+        for (rows, cols, group, scale) in [
+            (16, 192, 32, ScaleType::F16),
+            (8, 64, 64, ScaleType::F32),
+            (200, 2048, 64, ScaleType::F16),
+            (1024, 128, 32, ScaleType::F32),
+        ] {
+            let f = WeightFormat::I4 { group, scale };
+            let codes: Vec<u8> = (0..rows * cols / 2).map(|i| (i * 7 % 251) as u8).collect();
+            let scales: Vec<u8> = (0..rows * f.scale_row_bytes(cols))
+                .map(|i| (i * 13 % 241) as u8)
+                .collect();
+            let want = interleave(f, rows, cols, &codes, &scales);
+            let (mut c, mut s) = (codes.clone(), scales.clone());
+            let r8 = interleave_in_place(f, rows, cols, &mut c, &mut s);
+            assert_eq!(r8, for_shape(f, rows, cols));
+            assert!((c == want.0) && (s == want.1), "{rows}x{cols} g{group}");
         }
     }
 

@@ -39,7 +39,7 @@ impl Blob {
     #[inline]
     pub fn bytes(&self) -> &[u8] {
         match self {
-            Blob::Mapped { file, start, end } => &file.bytes()[*start..*end],
+            Blob::Mapped { file, start, end } => file.range(*start, *end),
             Blob::Owned(v) => v,
             Blob::Shared { owner, start, end } => &(**owner).as_ref()[*start..*end],
         }

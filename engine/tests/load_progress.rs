@@ -1,4 +1,5 @@
-//! `Model::load_with_progress`: one report per decoder layer, `done` growing to `total`.
+//! `Model::load_with_progress`: one report per decoder layer, `done` growing to `total`
+//! (after the reports of the copy into RAM, which count the files' bytes).
 
 use colibri_engine::model::{LoadProgress, LoadStage};
 use colibri_engine::Model;
@@ -33,8 +34,28 @@ fn tensor_bytes(name: &str) -> u64 {
     total
 }
 
+/// Bytes of every safetensors file of a folder.
+fn file_bytes(name: &str) -> u64 {
+    std::fs::read_dir(fixture(name))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().and_then(|x| x.to_str()) == Some("safetensors"))
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum()
+}
+
 fn check(name: &str) {
     let (model, seen) = reports(name);
+    // Files copied into RAM (`COLIBRI_WEIGHTS` auto, a tiny fixture) are reported first, in
+    // bytes of the files, up to their total.
+    let (copying, seen): (Vec<LoadProgress>, Vec<LoadProgress>) = seen
+        .into_iter()
+        .partition(|p| p.stage == LoadStage::Copying);
+    if let Some(last) = copying.last() {
+        assert_eq!(last.total, file_bytes(name), "{name}: {copying:?}");
+        assert_eq!(last.done, last.total, "{name}: {copying:?}");
+        assert!(copying.windows(2).all(|w| w[0].done <= w[1].done));
+    }
     let total = tensor_bytes(name);
     assert!(total > 0);
     let first = &seen[0];

@@ -272,8 +272,15 @@ pub struct Loader<'a> {
 
 impl<'a> Loader<'a> {
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
-        let m = Matrix::from_tensor(self.ckpt.require(name, self.family)?, rows, cols)?;
-        self.progress.record_matrix(name, &m);
+        let t = self.ckpt.require(name, self.family)?;
+        let m = Matrix::from_tensor(t, rows, cols)?;
+        // The census tells the format of the files: an int4 matrix interleaved in RAM at
+        // load counts as the row-major int4 its file holds.
+        let stored = match &t.quant {
+            Some(q) if q.repacked() => m.format.row_major(),
+            _ => m.format,
+        };
+        self.progress.record_matrix_as(name, &m, stored);
         Ok(m)
     }
 

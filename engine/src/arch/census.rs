@@ -4,7 +4,7 @@
 //! say what it holds. Recorded by the loader as each matrix is loaded, classified by name.
 
 use crate::container::is_routed_expert;
-use crate::tensor::Matrix;
+use crate::tensor::{Matrix, WeightFormat};
 use std::collections::BTreeMap;
 
 /// Matrices of one class stored in one format.
@@ -58,10 +58,16 @@ pub struct Census {
 }
 
 impl Census {
-    pub fn record(&mut self, name: &str, m: &Matrix, decoder_layers: Option<usize>) {
+    pub fn record(
+        &mut self,
+        name: &str,
+        m: &Matrix,
+        format: WeightFormat,
+        decoder_layers: Option<usize>,
+    ) {
         let e = self
             .by
-            .entry((class_of(name, decoder_layers), m.format.name()))
+            .entry((class_of(name, decoder_layers), format.name()))
             .or_default();
         e.0 += 1;
         e.1 += m.size_bytes() as u64;

@@ -26,7 +26,7 @@ use crate::container::Checkpoint;
 use crate::error::{Error, Result};
 use crate::kv::{KvCache, KvDtype};
 use crate::model::{LoadProgress, LoadStage, LogitsWanted, SeqStep};
-use crate::tensor::Matrix;
+use crate::tensor::{Matrix, WeightFormat};
 use attention::GqaAttention;
 use blocks::{Mlp, RmsNorm};
 use config::Cfg;
@@ -124,9 +124,15 @@ impl<'a> LoadHook<'a> {
 
     /// Counts a loaded matrix in the census of formats.
     pub fn record_matrix(&self, name: &str, m: &Matrix) {
+        self.record_matrix_as(name, m, m.format);
+    }
+
+    /// Counts a loaded matrix under `format` (the file's, where the matrix was rearranged
+    /// at load).
+    pub fn record_matrix_as(&self, name: &str, m: &Matrix, format: WeightFormat) {
         self.census
             .borrow_mut()
-            .record(name, m, self.decoder_layers);
+            .record(name, m, format, self.decoder_layers);
     }
 
     /// The formats of the matrices loaded so far, per tensor class.

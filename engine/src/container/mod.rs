@@ -27,21 +27,98 @@ use std::sync::Arc;
 /// One memory-mapped safetensors file, validated.
 pub struct MappedFile {
     pub path: PathBuf,
-    mmap: Mmap,
+    bytes: FileBytes,
     /// The `__metadata__` map of the header (format versions, quantisation records).
     pub metadata: BTreeMap<String, String>,
-    /// The bytes were copied into anonymous memory ([`WeightsIn`]) rather than mapped.
-    in_ram: bool,
+    /// Starts of the tensors rearranged in the RAM copy at load (int4 interleaved by 8 rows,
+    /// [`crate::rows8`]): their bytes differ from the file's.
+    repacked: std::sync::Mutex<std::collections::HashSet<usize>>,
 }
+
+/// Where a [`MappedFile`]'s bytes are.
+enum FileBytes {
+    /// The file, memory-mapped read-only.
+    Mapped(Mmap),
+    /// Copied into anonymous memory ([`WeightsIn`]), which stays writable so the loader can
+    /// rearrange a tensor in place (`MappedFile::ram_ptr`).
+    Ram(RamCopy),
+}
+
+/// An anonymous mapping and the pointer its bytes are read and (once per tensor, at load)
+/// written through.
+struct RamCopy {
+    _map: memmap2::MmapMut,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the pointer is the mapping's own, alive as long as `_map`; writes through it
+// follow the contract of `MappedFile::ram_ptr`.
+unsafe impl Send for RamCopy {}
+unsafe impl Sync for RamCopy {}
 
 impl MappedFile {
     pub fn bytes(&self) -> &[u8] {
-        &self.mmap
+        match &self.bytes {
+            FileBytes::Mapped(m) => m,
+            // SAFETY: `ptr` and `len` are the live mapping's.
+            FileBytes::Ram(r) => unsafe { std::slice::from_raw_parts(r.ptr, r.len) },
+        }
+    }
+
+    /// Bytes `start..end` (a slice of that range alone: a RAM copy's other tensors may be
+    /// rearranged meanwhile, see `ram_ptr`).
+    #[inline]
+    pub fn range(&self, start: usize, end: usize) -> &[u8] {
+        match &self.bytes {
+            FileBytes::Mapped(m) => &m[start..end],
+            FileBytes::Ram(r) => {
+                assert!(
+                    start <= end && end <= r.len,
+                    "range {start}..{end} of {}",
+                    r.len
+                );
+                // SAFETY: inside the live mapping (checked).
+                unsafe { std::slice::from_raw_parts(r.ptr.add(start), end - start) }
+            }
+        }
     }
 
     /// Whether the bytes were copied into RAM ([`WeightsIn::Ram`], [`WeightsIn::Auto`]).
     pub fn in_ram(&self) -> bool {
-        self.in_ram
+        matches!(self.bytes, FileBytes::Ram(_))
+    }
+
+    /// A pointer to bytes `start..end` of a RAM copy, to rewrite them; `None` for a mapped
+    /// file. Writing through it is sound only while no other reference to these bytes is
+    /// alive or made: the loader rewrites a tensor once, before any matrix over it exists
+    /// (under the tensor's lock, `QuantAttach::format_for`).
+    pub(crate) fn ram_ptr(&self, start: usize, end: usize) -> Option<*mut u8> {
+        match &self.bytes {
+            FileBytes::Mapped(_) => None,
+            FileBytes::Ram(r) => {
+                assert!(
+                    start <= end && end <= r.len,
+                    "range {start}..{end} of {}",
+                    r.len
+                );
+                // SAFETY: inside the live mapping (checked).
+                Some(unsafe { r.ptr.add(start) })
+            }
+        }
+    }
+
+    /// Records that the tensor starting at `start` was rearranged in RAM.
+    pub(crate) fn mark_repacked(&self, start: usize) {
+        let mut v = self.repacked.lock().unwrap_or_else(|p| p.into_inner());
+        v.insert(start);
+    }
+
+    /// Whether the tensor starting at `start` was rearranged in RAM at load, so its bytes
+    /// in the file are in another layout (the expert cache reads the file).
+    pub fn repacked_at(&self, start: usize) -> bool {
+        let v = self.repacked.lock().unwrap_or_else(|p| p.into_inner());
+        v.contains(&start)
     }
 }
 
@@ -69,7 +146,7 @@ pub struct TensorRef {
 
 impl TensorRef {
     pub fn bytes(&self) -> &[u8] {
-        &self.file.bytes()[self.start..self.end]
+        self.file.range(self.start, self.end)
     }
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
@@ -205,11 +282,35 @@ fn ram_budget() -> u64 {
     room / 2
 }
 
-/// `map`'s bytes copied into anonymous memory, read-only.
-fn into_ram(map: &Mmap, path: &Path) -> Result<Mmap> {
-    let mut anon = memmap2::MmapMut::map_anon(map.len()).map_err(|e| Error::io(path, e))?;
-    anon.copy_from_slice(map);
-    anon.make_read_only().map_err(|e| Error::io(path, e))
+/// Bytes copied between two progress reports ([`Checkpoint::open_reporting`]).
+const COPY_REPORT_BYTES: usize = 64 << 20;
+
+/// `map`'s bytes copied into anonymous memory (in parallel, 4 MiB per task), `copied`
+/// told after every [`COPY_REPORT_BYTES`].
+fn into_ram(map: &Mmap, path: &Path, copied: &mut dyn FnMut(u64)) -> Result<RamCopy> {
+    use rayon::prelude::*;
+    let mut anon = memmap2::MmapMut::map_anon(map.len().max(1)).map_err(|e| Error::io(path, e))?;
+    for (dst, src) in anon[..map.len()]
+        .chunks_mut(COPY_REPORT_BYTES)
+        .zip(map.chunks(COPY_REPORT_BYTES))
+    {
+        dst.par_chunks_mut(4 << 20)
+            .zip(src.par_chunks(4 << 20))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        copied(src.len() as u64);
+    }
+    let ptr = anon.as_mut_ptr();
+    Ok(RamCopy {
+        _map: anon,
+        ptr,
+        len: map.len(),
+    })
+}
+
+/// Whether int4 matrices copied into RAM are rearranged into the 8-row interleaved layout
+/// at load (`COLIBRI_REPACK=0` turns it off, for comparisons).
+pub fn repack_enabled() -> bool {
+    std::env::var("COLIBRI_REPACK").map_or(true, |v| v != "0")
 }
 
 impl Checkpoint {
@@ -239,6 +340,21 @@ impl Checkpoint {
     /// independent of how the page cache holds the files, at the price of the load time
     /// (3–8 s for 3.8 GB against 0.1–0.2 s), paid once by the daemon.
     pub fn open_with(dir: &Path, opts: &OpenOptions) -> Result<Self> {
+        Self::open_reporting(dir, opts, &|_, _| {})
+    }
+
+    /// [`open_with`](Self::open_with), telling `copied(done, total)` how many of the bytes
+    /// to be copied into RAM are (after each 64 MiB; nothing when nothing is copied).
+    ///
+    /// Int4 matrices of files copied into RAM whose shape the 8-row kernels take (groups of
+    /// 32 or 64, rows a multiple of 8, columns of 64: [`crate::rows8::for_shape`]) are
+    /// rearranged there into `int4-rows8` as they are loaded (`QuantAttach::format_for`),
+    /// unless `COLIBRI_REPACK=0` or they are routed experts that will be streamed.
+    pub fn open_reporting(
+        dir: &Path,
+        opts: &OpenOptions,
+        copied: &dyn Fn(u64, u64),
+    ) -> Result<Self> {
         if !dir.is_dir() {
             return Err(Error::Config {
                 file: dir.to_path_buf(),
@@ -295,7 +411,10 @@ impl Checkpoint {
             WeightsIn::Ram => u64::MAX,
             WeightsIn::Map => 0,
         };
-        for (shard, listed) in &shards {
+        // Every file mapped and its header read first, so the bytes to copy are known
+        // before the copy starts (its progress has a total).
+        let mut opened = Vec::with_capacity(shards.len());
+        for shard in shards.keys() {
             let path = dir.join(shard);
             let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
             // SAFETY: the map is read-only; a file truncated underneath us by another process
@@ -319,18 +438,40 @@ impl Checkpoint {
                 .is_some_and(|m| !m.experts.is_empty());
             let len = mmap.len() as u64;
             let in_ram = len <= ram_left && !(opts.streamed_experts && holds_experts);
-            let mmap = if in_ram {
+            if in_ram {
                 ram_left -= len;
-                into_ram(&mmap, &path)?
+            }
+            opened.push((path, mmap, parsed, container_meta, in_ram));
+        }
+        let to_copy: u64 = opened
+            .iter()
+            .filter(|o| o.4)
+            .map(|o| o.1.len() as u64)
+            .sum();
+        let mut done = 0u64;
+        if to_copy > 0 {
+            copied(0, to_copy);
+        }
+        let repack = repack_enabled();
+        for ((shard, listed), (path, mmap, parsed, container_meta, in_ram)) in
+            shards.iter().zip(opened)
+        {
+            let bytes = if in_ram {
+                FileBytes::Ram(into_ram(&mmap, &path, &mut |n| {
+                    done += n;
+                    copied(done, to_copy);
+                })?)
             } else {
-                mmap
+                FileBytes::Mapped(mmap)
             };
             let mapped = Arc::new(MappedFile {
                 path: path.clone(),
-                in_ram,
-                mmap,
+                bytes,
                 metadata: parsed.metadata,
+                repacked: Default::default(),
             });
+            // Which of this file's int4 matrices may be rearranged in its RAM copy.
+            let may_repack = |routed: bool| repack && in_ram && !(routed && opts.streamed_experts);
             let mut file_tensors: HashMap<String, TensorRef> = HashMap::new();
             for e in parsed.tensors {
                 file_tensors.insert(
@@ -347,7 +488,9 @@ impl Checkpoint {
                 );
             }
             if let Some(meta) = &container_meta {
-                for ext in quantized::apply_container_meta(meta, &path, &mut file_tensors)? {
+                for ext in
+                    quantized::apply_container_meta(meta, &path, &mut file_tensors, &may_repack)?
+                {
                     expert_extents.insert(ext.name.clone(), (mapped.clone(), ext));
                 }
             }
@@ -385,7 +528,10 @@ impl Checkpoint {
             }
         }
         let is_container = container_files == Some(true);
-        let c_layout = !is_container && quantized::attach_c_layout(&mut tensors)? > 0;
+        let c_layout = !is_container
+            && quantized::attach_c_layout(&mut tensors, &|t: &TensorRef, routed| {
+                repack && t.file.in_ram() && !(routed && opts.streamed_experts)
+            })? > 0;
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
             config_path,

@@ -283,11 +283,58 @@ pub struct QuantAttach {
     pub scale_count: usize,
     /// A routed expert's weight (int8 activations may apply, see `kernels`).
     pub routed_expert: bool,
+    /// Row-major int4 of a shape the 8-row kernels take may be rearranged into `int4-rows8`
+    /// where it lies (its codes and scales are in a RAM copy, `COLIBRI_REPACK` is not 0, it
+    /// is not a routed expert that will be streamed). Decided when the folder is opened.
+    pub repack: bool,
+    /// Once rearranged: the `[rows, cols]` it was loaded as and its format since.
+    repacked: std::sync::OnceLock<(usize, usize, WeightFormat)>,
 }
 
 impl QuantAttach {
-    /// The format of `t` loaded as a `[rows, cols]` matrix.
+    /// The format of `t` loaded as a `[rows, cols]` matrix. Row-major int4 that
+    /// [`crate::rows8::for_shape`] interleaves is rearranged in its RAM copy the first time
+    /// it is loaded (when [`repack`](Self::repack) allows) and is `int4-rows8` from then on:
+    /// every product gives the same bits on both layouts.
     pub fn format_for(&self, t: &TensorRef, rows: usize, cols: usize) -> Result<WeightFormat> {
+        if let Some(&(r, c, f)) = self.repacked.get() {
+            return self.same_shape(t, (r, c), rows, cols).map(|_| f);
+        }
+        let f = self.decide(t, rows, cols)?;
+        if !self.repack || crate::rows8::for_shape(f, rows, cols) == f {
+            return Ok(f);
+        }
+        // One load rearranges the bytes; any other waits for it and reads the result.
+        let &(r, c, f) = self
+            .repacked
+            .get_or_init(|| (rows, cols, self.repack_in_ram(t, f, rows, cols)));
+        self.same_shape(t, (r, c), rows, cols).map(|_| f)
+    }
+
+    /// Whether the tensor was rearranged into `int4-rows8` in RAM at load (its file holds it
+    /// row-major).
+    pub fn repacked(&self) -> bool {
+        self.repacked.get().is_some_and(|(_, _, f)| f.interleaved())
+    }
+
+    fn same_shape(
+        &self,
+        t: &TensorRef,
+        was: (usize, usize),
+        rows: usize,
+        cols: usize,
+    ) -> Result<()> {
+        if was == (rows, cols) {
+            return Ok(());
+        }
+        Err(t.bad(format!(
+            "loaded as [{}, {}] before (and rearranged in RAM), now asked for as [{rows}, {cols}]",
+            was.0, was.1
+        )))
+    }
+
+    /// The format as stored, from the record or the C layout's counts.
+    fn decide(&self, t: &TensorRef, rows: usize, cols: usize) -> Result<WeightFormat> {
         if let Some(f) = self.format {
             if self.shape != [rows, cols] {
                 return Err(t.bad(format!(
@@ -298,6 +345,48 @@ impl QuantAttach {
             return Ok(f);
         }
         c_layout_format(t.end - t.start, self.scale_count, rows, cols).map_err(|m| t.bad(m))
+    }
+
+    /// Interleaves `t`'s codes and scales where they lie in RAM; `format` unchanged when
+    /// they are not both in a RAM copy or their sizes are not the shape's (then
+    /// `Matrix::quantized` names the error).
+    fn repack_in_ram(
+        &self,
+        t: &TensorRef,
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+    ) -> WeightFormat {
+        let Some(Blob::Mapped {
+            file: sf,
+            start: s0,
+            end: s1,
+        }) = &self.scales
+        else {
+            return format;
+        };
+        let sizes_fit = t.end - t.start == rows * format.row_bytes(cols)
+            && s1 - s0 == rows * format.scale_row_bytes(cols);
+        let disjoint = !std::sync::Arc::ptr_eq(&t.file, sf) || *s0 >= t.end || *s1 <= t.start;
+        if !(t.file.in_ram() && sf.in_ram() && sizes_fit && disjoint) {
+            return format;
+        }
+        let (Some(cp), Some(sp)) = (t.file.ram_ptr(t.start, t.end), sf.ram_ptr(*s0, *s1)) else {
+            return format;
+        };
+        // SAFETY: both ranges lie in live RAM copies (`ram_ptr` checked them) and are disjoint
+        // tensors (checked; headers refuse overlaps), and only this tensor's `QuantAttach`
+        // hands them out as matrices, which happens after this returns: no other reference
+        // to them exists while they are rewritten.
+        let (codes, scales) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(cp, t.end - t.start),
+                std::slice::from_raw_parts_mut(sp, s1 - s0),
+            )
+        };
+        let r8 = crate::rows8::interleave_in_place(format, rows, cols, codes, scales);
+        t.file.mark_repacked(t.start);
+        r8
     }
 }
 
@@ -516,6 +605,7 @@ pub(super) fn apply_container_meta(
     meta: &ContainerMeta,
     path: &Path,
     file_tensors: &mut HashMap<String, TensorRef>,
+    may_repack: &dyn Fn(bool) -> bool,
 ) -> Result<Vec<ExpertExtent>> {
     let bad = |t: &str, msg: String| Error::BadTensor {
         file: path.to_path_buf(),
@@ -598,12 +688,15 @@ pub(super) fn apply_container_meta(
             end: s.end,
         };
         let entry = file_tensors.get_mut(name).expect("checked above");
+        let routed_expert = is_routed_expert(name).is_some();
         entry.quant = Some(std::sync::Arc::new(QuantAttach {
             format: Some(format),
             shape: rec.shape.clone(),
             scales: Some(scales),
             scale_count: want_n,
-            routed_expert: is_routed_expert(name).is_some(),
+            routed_expert,
+            repack: may_repack(routed_expert),
+            repacked: Default::default(),
         }));
     }
     // Each extent must be inside the file and hold every tensor of its expert.
@@ -658,7 +751,11 @@ fn is_scales_of_record(name: &str, meta: &ContainerMeta) -> bool {
 /// F32 `name.qs` becomes quantized (its format decided at load time from the config's
 /// shape); a merged expert `…experts.E.merged_weight` takes `…experts.E.qs`. A U8/I8 tensor
 /// without scales, or scales of another dtype, is an error. Returns how many were attached.
-pub(super) fn attach_c_layout(tensors: &mut HashMap<String, TensorRef>) -> Result<usize> {
+/// `may_repack(tensor, routed expert)`: see [`QuantAttach::repack`].
+pub(super) fn attach_c_layout(
+    tensors: &mut HashMap<String, TensorRef>,
+    may_repack: &dyn Fn(&TensorRef, bool) -> bool,
+) -> Result<usize> {
     let names: Vec<String> = tensors
         .iter()
         .filter(|(_, t)| matches!(t.dtype, DType::U8 | DType::I8))
@@ -682,6 +779,7 @@ pub(super) fn attach_c_layout(tensors: &mut HashMap<String, TensorRef>) -> Resul
                 s.dtype.name()
             )));
         }
+        let routed_expert = is_routed_expert(name).is_some();
         let attach = QuantAttach {
             format: None,
             shape: Vec::new(),
@@ -691,7 +789,9 @@ pub(super) fn attach_c_layout(tensors: &mut HashMap<String, TensorRef>) -> Resul
                 end: s.end,
             }),
             scale_count: s.numel(),
-            routed_expert: is_routed_expert(name).is_some(),
+            routed_expert,
+            repack: may_repack(t, routed_expert),
+            repacked: Default::default(),
         };
         tensors.get_mut(name).expect("listed above").quant = Some(std::sync::Arc::new(attach));
     }

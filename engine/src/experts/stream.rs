@@ -269,9 +269,15 @@ fn rebind(t: &Mlp, buf: &Arc<ExpertBuf>) -> Mlp {
             Blob::Owned(_) => s.clone(),
             _ => next(s),
         });
+        // A matrix interleaved in RAM at load is read from its file in the file's layout.
+        let format = match &m.data {
+            Blob::Mapped { file, start, .. } if file.repacked_at(*start) => m.format.row_major(),
+            _ => m.format,
+        };
         Matrix {
             data,
             scales,
+            format,
             ..m.clone()
         }
     };

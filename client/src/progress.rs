@@ -68,6 +68,11 @@ impl LoadBar {
                 );
             }
             if self.is_bar {
+                // A new phase (the copy into RAM, then the layers) counts from 0 again: its
+                // rate and ETA start afresh.
+                if self.pb.length() != Some(total) || done < self.pb.position() {
+                    self.pb.reset();
+                }
                 self.pb.set_length(total);
                 self.pb.set_position(done);
             }

@@ -276,6 +276,13 @@ impl Daemon {
             .map(Duration::from_millis);
         let last_sent: Cell<Option<Instant>> = Cell::new(None);
         let report = |p: LoadProgress| {
+            if p.stage == LoadStage::Copying && p.done >= p.total {
+                tracing::info!(
+                    "{id}: {:.1} MB of weights copied into RAM in {:.2} s",
+                    p.total as f64 / 1e6,
+                    t.elapsed().as_secs_f64()
+                );
+            }
             // The engine reports per layer; clients need no more than a few a second, and
             // always the last (done == total).
             let due = p.done >= p.total

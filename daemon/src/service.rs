@@ -179,7 +179,9 @@ impl Colibri for Service {
                         Ok(pb::LoadModelProgress {
                             stage: match p.stage {
                                 LoadStage::Opening => Stage::Opening,
-                                LoadStage::Weights | LoadStage::Text => Stage::Loading,
+                                LoadStage::Copying | LoadStage::Weights | LoadStage::Text => {
+                                    Stage::Loading
+                                }
                             } as i32,
                             done: p.done,
                             total: p.total,

@@ -1261,6 +1261,20 @@ async fn load_model_streams_layer_progress_up_to_ready() {
     let ready = events.pop().expect("a Ready event");
     assert_eq!(ready.stage, Stage::Ready as i32, "{ready:?}");
     assert!(!ready.already_loaded);
+    // The files' bytes copied into RAM come first, counted on their own up to their total.
+    let (copying, events): (Vec<_>, Vec<_>) = events
+        .into_iter()
+        .partition(|e| e.message == "copying into RAM");
+    let mut copied = 0;
+    for e in &copying {
+        assert!(e.stage == Stage::Loading as i32 && e.total > 0, "{e:?}");
+        assert!(e.done >= copied && e.done <= e.total, "{copying:?}");
+        copied = e.done;
+    }
+    assert!(
+        copying.last().is_none_or(|e| e.done == e.total),
+        "{copying:?}"
+    );
     let layers = ready.info.as_ref().unwrap().num_layers;
     assert!(events.len() >= 3, "progress events: {events:?}");
     let total = events.last().unwrap().total;

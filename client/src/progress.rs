@@ -76,10 +76,12 @@ impl LoadBar {
                 self.pb.set_length(total);
                 self.pb.set_position(done);
             }
+            // The phase first: the field is cut at 40 characters, and a long model path
+            // would hide it.
             self.pb.set_message(if message.is_empty() {
                 format!("loading {}", self.label)
             } else {
-                format!("loading {}: {message}", self.label)
+                format!("{message} · {}", self.label)
             });
         } else if self.lines {
             let last = total > 0 && done >= total;

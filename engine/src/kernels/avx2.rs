@@ -664,10 +664,8 @@ pub unsafe fn matmul_rows(
             _ => None,
         };
         if let (Some(grouped), true) = (i8_rows, int8 && cols.is_multiple_of(QBLOCK)) {
-            let (row_t1, row4_t1): (
-                unsafe fn(&Ctx, usize) -> f32,
-                unsafe fn(&Ctx, usize, &mut [f32; 4]),
-            ) = match (vnni, grouped) {
+            type Row4 = unsafe fn(&Ctx, usize, &mut [f32; 4]);
+            let (row_t1, row4_t1): (unsafe fn(&Ctx, usize) -> f32, Row4) = match (vnni, grouped) {
                 (true, true) => (i8q8_row_t1_vnni::<true>, i8q8_row4_t1_vnni::<true>),
                 (true, false) => (i8q8_row_t1_vnni::<false>, i8q8_row4_t1_vnni::<false>),
                 (false, true) => (i8q8_row_t1::<true>, i8q8_row4_t1::<true>),

@@ -664,26 +664,14 @@ pub unsafe fn matmul_rows(
             _ => None,
         };
         if let (Some(grouped), true) = (i8_rows, int8 && cols.is_multiple_of(QBLOCK)) {
-            type Row4 = unsafe fn(&Ctx, usize, &mut [f32; 4]);
-            let (row_t1, row4_t1): (unsafe fn(&Ctx, usize) -> f32, Row4) = match (vnni, grouped) {
-                (true, true) => (i8q8_row_t1_vnni::<true>, i8q8_row4_t1_vnni::<true>),
-                (true, false) => (i8q8_row_t1_vnni::<false>, i8q8_row4_t1_vnni::<false>),
-                (false, true) => (i8q8_row_t1::<true>, i8q8_row4_t1::<true>),
-                (false, false) => (i8q8_row_t1::<false>, i8q8_row4_t1::<false>),
+            let row_t1: unsafe fn(&Ctx, usize) -> f32 = match (vnni, grouped) {
+                (true, true) => i8q8_row_t1_vnni::<true>,
+                (true, false) => i8q8_row_t1_vnni::<false>,
+                (false, true) => i8q8_row_t1::<true>,
+                (false, false) => i8q8_row_t1::<false>,
             };
-            // Four rows at a time: four independent FMA chains ([`i8q8_rows`]).
-            let mut r = rows.start;
-            while r + 4 <= rows.end {
-                let mut o4 = [0f32; 4];
-                row4_t1(&c, r, &mut o4);
-                for (i, v) in o4.iter().enumerate() {
-                    *out.add(r + i) = *v;
-                }
-                r += 4;
-            }
-            while r < rows.end {
+            for r in rows {
                 *out.add(r) = row_t1(&c, r);
-                r += 1;
             }
             return;
         }
@@ -1230,18 +1218,6 @@ unsafe fn i8q8_row_t1<const GROUPED: bool>(c: &Ctx, r: usize) -> f32 {
     i8q8_row::<Madd, GROUPED>(c, r)
 }
 
-/// [`i8q8_rows`] of 4 rows (AVX2).
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn i8q8_row4_t1<const GROUPED: bool>(c: &Ctx, r: usize, out: &mut [f32; 4]) {
-    i8q8_rows::<Madd, GROUPED, 4>(c, r, out)
-}
-
-/// [`i8q8_rows`] of 4 rows on AVX-512 VNNI.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn i8q8_row4_t1_vnni<const GROUPED: bool>(c: &Ctx, r: usize, out: &mut [f32; 4]) {
-    i8q8_rows::<Vnni, GROUPED, 4>(c, r, out)
-}
-
 /// [`i8q8_row_t1`] on AVX-512 VNNI ([`Vnni`]): the same lanes, so the same bits.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn i8q8_row_t1_vnni<const GROUPED: bool>(c: &Ctx, r: usize) -> f32 {
@@ -1252,70 +1228,44 @@ unsafe fn i8q8_row_t1_vnni<const GROUPED: bool>(c: &Ctx, r: usize) -> f32 {
 /// times q with w's sign, times the block's activation scale (and weight scale).
 #[inline(always)]
 unsafe fn i8q8_row<S: IntSums, const GROUPED: bool>(c: &Ctx, r: usize) -> f32 {
-    let mut o = [0f32; 1];
-    i8q8_rows::<S, GROUPED, 1>(c, r, &mut o);
-    o[0]
-}
-
-/// Rows `r..r + R` of [`i8q8_row`], side by side: each row's lanes take the same steps in
-/// the same order (the same bits), but the `R` accumulators are independent chains. One
-/// row is bound by its FMA chain (one 32-byte block per FMA latency): int8-g32 on a Zen 4
-/// core in cache 20–23 GB/s with one row, 36 with 2, 40 with 4 (`KB_COLS=2048 kernel_bench
-/// 8 1 1`), which leaves a core margin over its share of the memory bandwidth. From memory
-/// (256 MiB, 2 threads) 4 rows read 30 GB/s with the L2 prefetch 12 KiB ahead, as one row
-/// did with the T0 prefetch, against 23–25 with the T0 prefetch (the yardstick 30–33).
-#[inline(always)]
-unsafe fn i8q8_rows<S: IntSums, const GROUPED: bool, const R: usize>(
-    c: &Ctx,
-    r: usize,
-    out: &mut [f32; R],
-) {
     let blocks = c.cols / QBLOCK;
-    let w: [*const u8; R] = std::array::from_fn(|i| c.row(r + i));
+    let w = c.row(r);
+    let sr = c.srow(r);
     let slots = c.blocks.slots(0);
     let q = c.qb.add(c.blocks.base(0) * QBLOCK);
     let d = c.db.add(c.blocks.base(0));
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut sb = [[0f32; 8]; R];
+    let mut acc = _mm256_setzero_ps();
+    let mut sb = [0f32; 8];
     let mut b = 0;
     while b < blocks {
         let n = (blocks - b).min(8);
         if GROUPED {
-            for i in 0..R {
-                scales_f32(c.st, c.srow(r + i), b, &mut sb[i][..n]);
-            }
+            scales_f32(c.st, sr, b, &mut sb[..n]);
         }
         for k in 0..n {
             let bb = b + k;
-            let qv = _mm256_loadu_si256(q.add(bb * slots * QBLOCK) as *const __m256i);
-            let dv = _mm256_broadcast_ss(&*d.add(bb * slots));
-            for i in 0..R {
-                if bb % 2 == 0 {
-                    prefetch_l2(w[i].add(bb * QBLOCK + PREFETCH_L2));
-                }
-                let wv = _mm256_loadu_si256(w[i].add(bb * QBLOCK) as *const __m256i);
-                let p = S::dot4(_mm256_abs_epi8(wv), _mm256_sign_epi8(qv, wv));
-                let f = _mm256_cvtepi32_ps(p);
-                acc[i] = if GROUPED {
-                    let sv = _mm256_broadcast_ss(sb[i].get_unchecked(k));
-                    _mm256_fmadd_ps(_mm256_mul_ps(f, dv), sv, acc[i])
-                } else {
-                    _mm256_fmadd_ps(f, dv, acc[i])
-                };
+            if bb % 2 == 0 {
+                prefetch(w.add(bb * QBLOCK + PREFETCH));
             }
+            let wv = _mm256_loadu_si256(w.add(bb * QBLOCK) as *const __m256i);
+            let qv = _mm256_loadu_si256(q.add(bb * slots * QBLOCK) as *const __m256i);
+            let p = S::dot4(_mm256_abs_epi8(wv), _mm256_sign_epi8(qv, wv));
+            let f = _mm256_cvtepi32_ps(p);
+            let dv = _mm256_broadcast_ss(&*d.add(bb * slots));
+            acc = if GROUPED {
+                let sv = _mm256_broadcast_ss(sb.get_unchecked(k));
+                _mm256_fmadd_ps(_mm256_mul_ps(f, dv), sv, acc)
+            } else {
+                _mm256_fmadd_ps(f, dv, acc)
+            };
         }
         b += n;
     }
-    for i in 0..R {
-        let s = hsum(acc[i]);
-        out[i] = if GROUPED {
-            s + 0.0
-        } else {
-            s.mul_add(
-                scalar::scale_at(ScaleType::F32, c.srow_slice(r + i), 0),
-                0.0,
-            )
-        };
+    let s = hsum(acc);
+    if GROUPED {
+        s + 0.0
+    } else {
+        s.mul_add(scalar::scale_at(ScaleType::F32, c.srow_slice(r), 0), 0.0)
     }
 }
 

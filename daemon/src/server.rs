@@ -44,7 +44,7 @@ pub struct Args {
     /// While other sessions are decoding, a step that also feeds a prompt may take this many
     /// times a decode-only step: the prompt chunk is sized from measured step times, so a
     /// long prompt never stalls running sessions for long (0 = always --prefill-chunk).
-    #[arg(long, value_name = "X", default_value_t = 2.5)]
+    #[arg(long, value_name = "X", default_value_t = 2.0)]
     pub prefill_pace: f64,
     /// Prompt tokens fed per step when nothing else is decoding.
     #[arg(long, default_value_t = 512)]

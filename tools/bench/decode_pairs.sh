@@ -17,7 +17,7 @@ for i in $(seq 1 "$n"); do
   line="pair $i: llama.cpp $l"
   for c in "${cs[@]}"; do
     out=$("$coli" bench --model "$c" --threads "$t" --prompt 8 --tokens 32 --repeat 3 2>&1)
-    tok=$(grep -E '^decode ' <<< "$out" | awk '{print $2}')
+    tok=$(grep -E '^decode +[0-9]' <<< "$out" | awk '{print $2}')
     pct=$(grep -E '^decode reads' <<< "$out" | grep -o '([0-9]*%)' | tr -d '()')
     ratio=$(awk -v a="$tok" -v b="$l" 'BEGIN { printf "%.2f", a / b }')
     line+=" | $(basename "$c") $tok (${ratio}x, $pct of the read bandwidth)"

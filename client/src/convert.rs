@@ -4,6 +4,7 @@
 use anyhow::Context;
 use clap::Args;
 use colibri_engine::convert::{self, ConvertOptions, Progress};
+use colibri_engine::tensor::WeightFormat;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -88,16 +89,8 @@ pub fn convert(a: ConvertArgs) -> anyhow::Result<()> {
         output: a.output.clone(),
         experts: convert::parse_format(&a.experts, a.group_size)?,
         dense: convert::parse_format(&a.dense, 0)?,
-        attention: a
-            .attention
-            .as_deref()
-            .map(|f| convert::parse_format(f, 0))
-            .transpose()?,
-        lm_head: a
-            .lm_head
-            .as_deref()
-            .map(|f| convert::parse_format(f, 0))
-            .transpose()?,
+        attention: optional_format(&a.attention)?,
+        lm_head: optional_format(&a.lm_head)?,
         interleave: a.int4_layout == "rows8",
     };
     let bar = Bar::new();
@@ -116,6 +109,14 @@ pub fn convert(a: ConvertArgs) -> anyhow::Result<()> {
         s.bytes_written as f64 / 1e9 / secs.max(1e-9)
     );
     Ok(())
+}
+
+/// A format option that may be absent (`--attention`, `--lm-head`).
+fn optional_format(name: &Option<String>) -> anyhow::Result<Option<WeightFormat>> {
+    Ok(name
+        .as_deref()
+        .map(|f| convert::parse_format(f, 0))
+        .transpose()?)
 }
 
 /// Sizes rayon's global pool (once per process).

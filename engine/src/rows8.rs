@@ -56,7 +56,9 @@ fn scale_at(r: usize, k: usize, units: usize) -> usize {
 }
 
 /// The interleaved codes and scales of a row-major int4 matrix (`format` is its
-/// [`WeightFormat::I4`], the shape [`fits`]).
+/// [`WeightFormat::I4`], the shape [`fits`]), byte by byte from the layout's definition: the
+/// reference the tests hold [`interleave_in_place`] (what convert and the loader run) to.
+#[cfg(test)]
 pub fn interleave(
     format: WeightFormat,
     rows: usize,
@@ -89,7 +91,7 @@ pub fn interleave(
 
 /// Rearranges a row-major int4 matrix (`format` its [`WeightFormat::I4`], the shape [`fits`])
 /// into the interleaved layout where it lies, and returns [`WeightFormat::I4Rows8`]: the
-/// loader's repack of a RAM copy (docs/FORMAT.md, "Repacked at load"). Group `G` of 8 rows
+/// converter's and the loader's repack (docs/FORMAT.md, "Repacked at load"). Group `G` of 8 rows
 /// occupies the same bytes in both layouts (its codes `8 · cols / 2` bytes from
 /// `G · 8 · cols / 2`, its scales likewise), so each group is moved through a scratch copy
 /// of itself, the groups in parallel on rayon. The result equals [`interleave`]'s.

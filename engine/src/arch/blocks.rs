@@ -276,9 +276,10 @@ impl<'a> Loader<'a> {
         let m = Matrix::from_tensor(t, rows, cols)?;
         // The census tells the format of the files: an int4 matrix interleaved in RAM at
         // load counts as the row-major int4 its file holds.
-        let stored = match &t.quant {
-            Some(q) if q.repacked() => m.format.row_major(),
-            _ => m.format,
+        let stored = if t.file.repacked_at(t.start) {
+            m.format.row_major()
+        } else {
+            m.format
         };
         self.progress.record_matrix_as(name, &m, stored);
         Ok(m)

@@ -453,6 +453,10 @@ impl Checkpoint {
             copied(0, to_copy);
         }
         let repack = repack_enabled();
+        // Which int4 matrices may be rearranged in their file's RAM copy (`QuantAttach::repack`).
+        let may_repack = |t: &TensorRef, routed: bool| {
+            repack && t.file.in_ram() && !(routed && opts.streamed_experts)
+        };
         for ((shard, listed), (path, mmap, parsed, container_meta, in_ram)) in
             shards.iter().zip(opened)
         {
@@ -470,8 +474,6 @@ impl Checkpoint {
                 metadata: parsed.metadata,
                 repacked: Default::default(),
             });
-            // Which of this file's int4 matrices may be rearranged in its RAM copy.
-            let may_repack = |routed: bool| repack && in_ram && !(routed && opts.streamed_experts);
             let mut file_tensors: HashMap<String, TensorRef> = HashMap::new();
             for e in parsed.tensors {
                 file_tensors.insert(
@@ -528,10 +530,7 @@ impl Checkpoint {
             }
         }
         let is_container = container_files == Some(true);
-        let c_layout = !is_container
-            && quantized::attach_c_layout(&mut tensors, &|t: &TensorRef, routed| {
-                repack && t.file.in_ram() && !(routed && opts.streamed_experts)
-            })? > 0;
+        let c_layout = !is_container && quantized::attach_c_layout(&mut tensors, &may_repack)? > 0;
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
             config_path,

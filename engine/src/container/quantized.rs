@@ -311,12 +311,6 @@ impl QuantAttach {
         self.same_shape(t, (r, c), rows, cols).map(|_| f)
     }
 
-    /// Whether the tensor was rearranged into `int4-rows8` in RAM at load (its file holds it
-    /// row-major).
-    pub fn repacked(&self) -> bool {
-        self.repacked.get().is_some_and(|(_, _, f)| f.interleaved())
-    }
-
     fn same_shape(
         &self,
         t: &TensorRef,
@@ -605,7 +599,7 @@ pub(super) fn apply_container_meta(
     meta: &ContainerMeta,
     path: &Path,
     file_tensors: &mut HashMap<String, TensorRef>,
-    may_repack: &dyn Fn(bool) -> bool,
+    may_repack: &dyn Fn(&TensorRef, bool) -> bool,
 ) -> Result<Vec<ExpertExtent>> {
     let bad = |t: &str, msg: String| Error::BadTensor {
         file: path.to_path_buf(),
@@ -689,13 +683,14 @@ pub(super) fn apply_container_meta(
         };
         let entry = file_tensors.get_mut(name).expect("checked above");
         let routed_expert = is_routed_expert(name).is_some();
+        let repack = may_repack(entry, routed_expert);
         entry.quant = Some(std::sync::Arc::new(QuantAttach {
             format: Some(format),
             shape: rec.shape.clone(),
             scales: Some(scales),
             scale_count: want_n,
             routed_expert,
-            repack: may_repack(routed_expert),
+            repack,
             repacked: Default::default(),
         }));
     }

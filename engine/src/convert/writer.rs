@@ -67,8 +67,9 @@ impl Item<'_> {
             // Quantized row by row as int4, then the rows moved into their groups of 8.
             let (rows, cols) = self.rows_cols();
             let f = self.format.row_major();
-            let (data, scales) = self.produce_as(f);
-            return crate::rows8::interleave(f, rows, cols, &data, &scales);
+            let (mut data, mut scales) = self.produce_as(f);
+            crate::rows8::interleave_in_place(f, rows, cols, &mut data, &mut scales);
+            return (data, scales);
         }
         self.produce_as(self.format)
     }

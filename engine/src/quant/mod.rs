@@ -221,9 +221,9 @@ pub fn quantize(format: WeightFormat, rows: usize, cols: usize, values: &[f32]) 
     );
     if format.interleaved() {
         let f = format.row_major();
-        let p = quantize(f, rows, cols, values);
-        let (data, scales) = crate::rows8::interleave(f, rows, cols, &p.data, &p.scales);
-        return Packed { data, scales };
+        let mut p = quantize(f, rows, cols, values);
+        crate::rows8::interleave_in_place(f, rows, cols, &mut p.data, &mut p.scales);
+        return p;
     }
     let parts: Vec<Packed> = values
         .par_chunks(cols.max(1) * 64)

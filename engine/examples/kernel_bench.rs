@@ -105,6 +105,14 @@ fn main() {
                 true,
             ),
             (
+                "int5-g32, int8 act",
+                WeightFormat::I5 {
+                    group: 32,
+                    scale: ScaleType::F16,
+                },
+                true,
+            ),
+            (
                 "int2-g64, int8 act",
                 WeightFormat::I2 {
                     group: 64,

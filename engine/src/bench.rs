@@ -170,6 +170,14 @@ pub fn kernel_report(bytes: usize, threads: usize, reps: usize) -> KernelReport 
                 true,
             ),
             (
+                "int5-g32 (int8 act)".into(),
+                WeightFormat::I5 {
+                    group: 32,
+                    scale: ScaleType::F16,
+                },
+                true,
+            ),
+            (
                 "int2-g64 (int8 act)".into(),
                 WeightFormat::I2 {
                     group: 64,

@@ -228,6 +228,7 @@ impl Source for RandomSource {
         let code_std = match format {
             WeightFormat::I8Row | WeightFormat::I8 { .. } => 73.9,
             WeightFormat::I4 { .. } => 4.61,
+            WeightFormat::I5 { .. } => 9.23,
             WeightFormat::I2 { .. } => 1.118,
             _ => return None,
         };

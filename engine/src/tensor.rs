@@ -99,6 +99,16 @@ pub enum WeightFormat {
         group: u32,
         scale: ScaleType,
     },
+    /// int5, symmetric, code `c` in 0..32 meaning `(c - 16) * scale`, one scale per `group`
+    /// elements of a row (`crate::kernels::int5`): a row's low 4 bits as [`I4`](Self::I4)
+    /// packs its nibbles, then its high bits, one per element, in the order the int4 SIMD
+    /// paths unpack nibbles (per pair of 32-element blocks). 5.5 bits a weight with f16
+    /// scales per 32: for the output head, which decode reads whole for every token and int4
+    /// leaves too coarse (docs/FORMAT.md).
+    I5 {
+        group: u32,
+        scale: ScaleType,
+    },
     /// int2: code `c` in 0..4 means `(c - 1.5) * scale`; four codes per byte, laid out per
     /// 32-element block so one shift+mask yields 8 consecutive elements (docs/FORMAT.md).
     I2 {
@@ -124,6 +134,7 @@ impl WeightFormat {
             WeightFormat::BF16 | WeightFormat::F16 => cols * 2,
             WeightFormat::I8Row | WeightFormat::I8 { .. } => cols,
             WeightFormat::I4 { .. } | WeightFormat::I4Rows8 { .. } => cols.div_ceil(2),
+            WeightFormat::I5 { .. } => cols.div_ceil(2) + cols.div_ceil(8),
             WeightFormat::I2 { .. } | WeightFormat::I2Plain => cols.div_ceil(4),
             WeightFormat::I3G64 => cols.div_ceil(64) * 24,
         }
@@ -138,6 +149,7 @@ impl WeightFormat {
             WeightFormat::I8 { group, .. }
             | WeightFormat::I4 { group, .. }
             | WeightFormat::I4Rows8 { group, .. }
+            | WeightFormat::I5 { group, .. }
             | WeightFormat::I2 { group, .. } => Some(if group == 0 {
                 cols.max(1)
             } else {
@@ -160,6 +172,7 @@ impl WeightFormat {
             WeightFormat::I8 { scale, .. }
             | WeightFormat::I4 { scale, .. }
             | WeightFormat::I4Rows8 { scale, .. }
+            | WeightFormat::I5 { scale, .. }
             | WeightFormat::I2 { scale, .. } => Some(scale),
         }
     }
@@ -201,6 +214,8 @@ impl WeightFormat {
             WeightFormat::I4 { group: 0, .. } => "int4-row".into(),
             WeightFormat::I4 { group, .. } => format!("int4-g{group}"),
             WeightFormat::I4Rows8 { group, .. } => format!("int4-g{group}-rows8"),
+            WeightFormat::I5 { group: 0, .. } => "int5-row".into(),
+            WeightFormat::I5 { group, .. } => format!("int5-g{group}"),
             WeightFormat::I2 { group: 0, .. } => "int2-row".into(),
             WeightFormat::I2 { group, .. } => format!("int2-g{group}"),
             WeightFormat::I3G64 => "int3-g64".into(),

@@ -34,7 +34,7 @@ pub const PAD_PREFIX: &str = "__pad.";
 #[serde(deny_unknown_fields)]
 pub struct TensorRecord {
     /// "f32", "bf16", "f16", "int8", "int4", "int4-rows8" (int4 with rows interleaved by 8,
-    /// `crate::rows8`), "int2", "int3" (groups of 64), "int2-plain".
+    /// `crate::rows8`), "int5", "int2", "int3" (groups of 64), "int2-plain".
     pub format: String,
     /// Elements per scale; 0 = one scale per row. Absent for unscaled formats.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -56,6 +56,7 @@ impl TensorRecord {
             WeightFormat::I8 { group, scale } => ("int8", Some(group), Some(scale)),
             WeightFormat::I4 { group, scale } => ("int4", Some(group), Some(scale)),
             WeightFormat::I4Rows8 { group, scale } => ("int4-rows8", Some(group), Some(scale)),
+            WeightFormat::I5 { group, scale } => ("int5", Some(group), Some(scale)),
             WeightFormat::I2 { group, scale } => ("int2", Some(group), Some(scale)),
             WeightFormat::I3G64 => ("int3", Some(64), Some(ScaleType::F32)),
             WeightFormat::I2Plain => ("int2-plain", Some(0), Some(ScaleType::F32)),
@@ -114,6 +115,10 @@ impl TensorRecord {
                 }
                 WeightFormat::I4Rows8 { group, scale }
             }
+            "int5" => WeightFormat::I5 {
+                group: group()?,
+                scale: scale()?,
+            },
             "int2" => WeightFormat::I2 {
                 group: group()?,
                 scale: scale()?,

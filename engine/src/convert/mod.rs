@@ -83,10 +83,10 @@ pub fn parse_format(name: &str, group: u32) -> Result<WeightFormat> {
         if base == "int3" && group == 64 {
             return Ok(WeightFormat::I3G64);
         }
-        if !matches!(base, "int8" | "int4" | "int2") {
+        if !matches!(base, "int8" | "int5" | "int4" | "int2") {
             return Err(Error::invalid(
                 "format",
-                format!("'{name}': only int8, int4 and int2 take a group (int3 is -g64)"),
+                format!("'{name}': only int8, int5, int4 and int2 take a group (int3 is -g64)"),
             ));
         }
         return parse_format(base, group);
@@ -100,6 +100,14 @@ pub fn parse_format(name: &str, group: u32) -> Result<WeightFormat> {
     Ok(match name {
         "int8" => WeightFormat::I8Row,
         "int4" => WeightFormat::I4 {
+            group,
+            scale: if group == 0 {
+                ScaleType::F32
+            } else {
+                ScaleType::F16
+            },
+        },
+        "int5" => WeightFormat::I5 {
             group,
             scale: if group == 0 {
                 ScaleType::F32
@@ -123,7 +131,9 @@ pub fn parse_format(name: &str, group: u32) -> Result<WeightFormat> {
         o => {
             return Err(Error::invalid(
                 "format",
-                format!("'{o}' is not one of int8, int8-gN, int4, int4-gN, int3, int2, bf16"),
+                format!(
+                    "'{o}' is not one of int8, int8-gN, int5-gN, int4, int4-gN, int3, int2, bf16"
+                ),
             ))
         }
     })
@@ -241,7 +251,8 @@ pub fn plan(ckpt: &Checkpoint, opts: &ConvertOptions) -> Result<Vec<PlannedPart>
         let matrix = t.shape.len() == 2 && name.ends_with(".weight");
         let format = if matrix && is_routed_expert(name).is_some() {
             match opts.experts {
-                WeightFormat::I4 { .. }
+                WeightFormat::I5 { .. }
+                | WeightFormat::I4 { .. }
                 | WeightFormat::I2 { .. }
                 | WeightFormat::I3G64
                 | WeightFormat::I2Plain

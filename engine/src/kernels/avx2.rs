@@ -619,7 +619,7 @@ pub unsafe fn matmul_rows(
         (WeightFormat::I8 { .. }, false) => shapes_f32!(blocks, f32_tile::<DeqI8>),
         (WeightFormat::I4 { .. }, false) => shapes_f32!(blocks, f32_tile::<DeqI4>),
         (WeightFormat::I2 { .. }, false) => shapes_f32!(blocks, f32_tile::<DeqI2>),
-        (WeightFormat::I3G64 | WeightFormat::I2Plain, _) => {
+        (WeightFormat::I3G64 | WeightFormat::I2Plain | WeightFormat::I5 { .. }, _) => {
             unreachable!("formats without tiles take the per-row path (matmul.rs)")
         }
         (WeightFormat::I4Rows8 { .. }, _) => {

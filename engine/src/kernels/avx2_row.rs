@@ -47,7 +47,9 @@ pub unsafe fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) 
         WeightFormat::I8Row => dot_i8(w, &act.x) * scalar::scale_at(ScaleType::F32, scales, 0),
         WeightFormat::I8 { .. } => scalar::dot(format, w, scales, &act.x),
         // `kernels::dot_act` sends the C engine's formats to `lowbit` before this.
-        WeightFormat::I3G64 | WeightFormat::I2Plain => scalar::dot(format, w, scales, &act.x),
+        WeightFormat::I3G64 | WeightFormat::I2Plain | WeightFormat::I5 { .. } => {
+            scalar::dot(format, w, scales, &act.x)
+        }
         WeightFormat::I4Rows8 { .. } => {
             unreachable!("int4-rows8 rows are taken out as int4 first (rows8::gather_row)")
         }

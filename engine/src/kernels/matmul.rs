@@ -22,12 +22,14 @@ pub struct Weights<'a> {
 }
 
 impl Weights<'_> {
-    fn row(&self, r: usize) -> &[u8] {
+    #[inline]
+    pub(super) fn row(&self, r: usize) -> &[u8] {
         let b = self.format.row_bytes(self.cols);
         &self.data[r * b..(r + 1) * b]
     }
 
-    fn srow(&self, r: usize) -> &[u8] {
+    #[inline]
+    pub(super) fn srow(&self, r: usize) -> &[u8] {
         let b = self.format.scale_row_bytes(self.cols);
         &self.scales[r * b..(r + 1) * b]
     }
@@ -168,12 +170,17 @@ unsafe fn run_rows(
         }
         _ => {
             // The per-row kernels, every row against each token prepared once for the
-            // region (other levels, the colibri C engine's int3/int2 rows, and groups the
-            // tiles' scale windows cannot express).
+            // region (other levels, the colibri C engine's int3/int2 rows, int5, and groups
+            // the tiles' scale windows cannot express). A row stays in L1 for all tokens:
+            // the matrix is read once however many tokens there are.
             let acts = input.acts(w.format, w.int8);
-            for (t, a) in acts.iter().enumerate() {
-                for r in rows.clone() {
-                    *out.add(t * ld + r) = super::dot_act(w.format, w.row(r), w.srow(r), a);
+            if let WeightFormat::I5 { .. } = w.format {
+                return super::int5::matmul_rows(w, &acts, rows, out, ld);
+            }
+            for r in rows {
+                let (row, srow) = (w.row(r), w.srow(r));
+                for (t, a) in acts.iter().enumerate() {
+                    *out.add(t * ld + r) = super::dot_act(w.format, row, srow, a);
                 }
             }
         }
@@ -226,8 +233,10 @@ unsafe fn run_rows_interleaved(
 /// per-row kernels). The tiles take one scale per 32-element block or wider, so a group of a
 /// multiple of 32 or one group per row; the C layout's int4 with 16-element groups is not.
 pub(super) fn tiled(format: WeightFormat, cols: usize) -> bool {
-    !matches!(format, WeightFormat::I3G64 | WeightFormat::I2Plain)
-        && format
-            .group_len(cols)
-            .is_none_or(|g| g.is_multiple_of(super::QBLOCK) || g >= cols)
+    !matches!(
+        format,
+        WeightFormat::I3G64 | WeightFormat::I2Plain | WeightFormat::I5 { .. }
+    ) && format
+        .group_len(cols)
+        .is_none_or(|g| g.is_multiple_of(super::QBLOCK) || g >= cols)
 }

@@ -15,6 +15,7 @@
 //! the tile shape, so a token's result does not depend on how many tokens were batched with
 //! it (decode is the `T = 1` case of the same kernel).
 
+pub mod int5;
 pub mod lowbit;
 pub mod scalar;
 
@@ -354,6 +355,7 @@ pub fn int8_act_for(format: WeightFormat) -> bool {
         Int8Act::SubByte => matches!(
             format,
             WeightFormat::I4 { .. }
+                | WeightFormat::I5 { .. }
                 | WeightFormat::I2 { .. }
                 | WeightFormat::I8 { .. }
                 | WeightFormat::I3G64
@@ -427,7 +429,7 @@ pub struct Q8Act {
     /// `sum(q)` per block (the offset correction of the int4/int2 codes).
     pub qsum: Vec<i32>,
     /// int4 SIMD order: per pair of full blocks A, B: `[A even | B even | A odd | B odd]`
-    /// (int3-g64 and int2-plain have their own order, see `lowbit::order_q8`).
+    /// (int3-g64, int2-plain and int5 have their own orders: `lowbit::order_q8`, `int5::order_q8`).
     pub qp: Vec<i8>,
     /// int4 SIMD: per pair, the block scales as the 8 lanes of the pair's sums `[dA×4, dB×4]`.
     pub d8: Vec<f32>,
@@ -497,6 +499,9 @@ pub fn prepare(format: WeightFormat, x: &[f32], int8: bool) -> Act {
         let mut q = quantize_act(x, matches!(format, WeightFormat::I4 { .. }));
         if matches!(format, WeightFormat::I3G64 | WeightFormat::I2Plain) {
             lowbit::order_q8(format, &mut q);
+        }
+        if matches!(format, WeightFormat::I5 { .. }) {
+            int5::order_q8(&mut q);
         }
         act.q8 = Some(q);
         return act;
@@ -908,6 +913,9 @@ pub fn quantize_row(x: &[f32], q: &mut [i8], d: &mut [f32], qsum: &mut [i32]) {
 pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 {
     if matches!(format, WeightFormat::I3G64 | WeightFormat::I2Plain) {
         return lowbit::dot_act(format, w, scales, act);
+    }
+    if matches!(format, WeightFormat::I5 { .. }) {
+        return int5::dot_act(format, w, scales, act);
     }
     match level() {
         #[cfg(target_arch = "x86_64")]

@@ -72,6 +72,7 @@ pub fn elem(format: WeightFormat, w: &[u8], j: usize, cols: usize) -> f32 {
         WeightFormat::F16 => half::f16::from_le_bytes([w[2 * j], w[2 * j + 1]]).to_f32(),
         WeightFormat::I8Row | WeightFormat::I8 { .. } => w[j] as i8 as f32,
         WeightFormat::I4 { .. } => i4_code(w, j) as f32 - 8.0,
+        WeightFormat::I5 { .. } => super::int5::code(w, j, cols) as f32 - 16.0,
         WeightFormat::I2 { .. } => i2_code(w, j, cols) as f32 - 1.5,
         WeightFormat::I3G64 => super::lowbit::i3_code(w, j) as f32 - 4.0,
         WeightFormat::I2Plain => super::lowbit::i2p_code(w, j) as f32 - 2.0,
@@ -167,6 +168,9 @@ pub fn dot_q8_blocks(
                 r.map(|j| (w[j] as i8 as i32) * q[j] as i32).sum()
             }
             WeightFormat::I4 { .. } => r.map(|j| (i4_code(w, j) as i32 - 8) * q[j] as i32).sum(),
+            WeightFormat::I5 { .. } => r
+                .map(|j| (super::int5::code(w, j, cols) as i32 - 16) * q[j] as i32)
+                .sum(),
             // (c - 1.5) * q summed as (2c - 3) * q / 2, exact in integers.
             WeightFormat::I2 { .. } => r
                 .map(|j| (2 * i2_code(w, j, cols) as i32 - 3) * q[j] as i32)

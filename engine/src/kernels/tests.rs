@@ -34,6 +34,7 @@ fn formats() -> Vec<WeightFormat> {
     for scale in [ScaleType::F32, ScaleType::F16] {
         for group in [0, 32, 64, 96, 128] {
             v.push(WeightFormat::I4 { group, scale });
+            v.push(WeightFormat::I5 { group, scale });
             v.push(WeightFormat::I2 { group, scale });
             v.push(WeightFormat::I8 { group, scale });
         }
@@ -41,6 +42,7 @@ fn formats() -> Vec<WeightFormat> {
         // multiple of one: the per-row kernels, not the tiles.
         for group in [16, 48] {
             v.push(WeightFormat::I4 { group, scale });
+            v.push(WeightFormat::I5 { group, scale });
             v.push(WeightFormat::I2 { group, scale });
         }
     }

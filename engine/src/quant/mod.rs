@@ -53,14 +53,26 @@ pub fn f16_scales_ok(values: &[f32], cols: usize, group: usize, levels: f32) -> 
 /// candidates around `amax / 7` to minimise the squared error (clipping the largest
 /// magnitude slightly often pays off with 16 levels).
 fn quant_group_i4(v: &[f32], st: ScaleType, codes: &mut [u8]) -> f32 {
+    quant_group_symmetric(v, st, codes, 8.0)
+}
+
+/// Best int5 codes (`q + 16`) and scale for one group, as [`quant_group_i4`] with 32 levels.
+fn quant_group_i5(v: &[f32], st: ScaleType, codes: &mut [u8]) -> f32 {
+    quant_group_symmetric(v, st, codes, 16.0)
+}
+
+/// Symmetric codes `q + half` with `q` in `-half..half` and the scale among `amax / d`, `d`
+/// from `half - 1` to `half` in quarters, that gives the least squared error.
+fn quant_group_symmetric(v: &[f32], st: ScaleType, codes: &mut [u8], half: f32) -> f32 {
     let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
     if amax == 0.0 || !amax.is_finite() {
-        codes.iter_mut().for_each(|c| *c = 8);
+        codes.iter_mut().for_each(|c| *c = half as u8);
         return 0.0;
     }
+    let (lo, hi) = (-half, half - 1.0);
     let mut best = (f32::INFINITY, 0f32);
-    for d in [7.0f32, 7.25, 7.5, 7.75, 8.0] {
-        let s = stored_scale(st, amax / d);
+    for step in [1.0f32, 0.75, 0.5, 0.25, 0.0] {
+        let s = stored_scale(st, amax / (half - step));
         if s == 0.0 {
             continue;
         }
@@ -68,7 +80,7 @@ fn quant_group_i4(v: &[f32], st: ScaleType, codes: &mut [u8]) -> f32 {
         let err: f32 = v
             .iter()
             .map(|x| {
-                let q = (x * inv).round().clamp(-8.0, 7.0);
+                let q = (x * inv).round().clamp(lo, hi);
                 (x - q * s) * (x - q * s)
             })
             .sum();
@@ -79,7 +91,7 @@ fn quant_group_i4(v: &[f32], st: ScaleType, codes: &mut [u8]) -> f32 {
     let s = best.1;
     let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
     for (c, x) in codes.iter_mut().zip(v) {
-        *c = ((x * inv).round().clamp(-8.0, 7.0) + 8.0) as u8;
+        *c = ((x * inv).round().clamp(lo, hi) + half) as u8;
     }
     s
 }
@@ -203,6 +215,15 @@ pub fn quantize_row(format: WeightFormat, row: &[f32], data: &mut Vec<u8>, scale
             } else {
                 pack_i2(&codes, data)
             }
+        }
+        WeightFormat::I5 { scale, .. } => {
+            let g = format.group_len(cols).unwrap_or(cols).max(1);
+            let mut codes = vec![0u8; cols];
+            for (gi, chunk) in row.chunks(g).enumerate() {
+                let s = quant_group_i5(chunk, scale, &mut codes[gi * g..gi * g + chunk.len()]);
+                push_scale(scale, s, scales);
+            }
+            crate::kernels::int5::pack(&codes, data)
         }
         WeightFormat::I3G64 => lowbit::quantize_row_i3(row, data, scales),
         WeightFormat::I2Plain => lowbit::quantize_row_i2_plain(row, data, scales),
@@ -366,7 +387,18 @@ mod tests {
                 cols,
                 1,
             );
+            let e5 = rel_err(
+                WeightFormat::I5 {
+                    group: 32,
+                    scale: st,
+                },
+                8,
+                cols,
+                1,
+            );
             assert!(e8 < 0.01, "int8 {e8}");
+            // One more bit halves the step: about half int4's error.
+            assert!(e5 > e8 && e5 < 0.6 * e4, "int5 {e5} against int4 {e4}");
             assert!(e4 < 0.12 && e4 > e8, "int4 {e4}");
             assert!(
                 e4 <= e4r + 1e-6,

@@ -26,8 +26,8 @@ pub struct ConvertArgs {
     pub group_size: u32,
     /// Format of the other matrices (attention, shared experts, embeddings, lm_head):
     /// bf16, int8 (one scale per row), int8-g32 / int8-g64 (f16 scale per 32 or 64
-    /// elements), int4-g32 / int4-g64; routers and the sparse-attention indexer always stay
-    /// exact.
+    /// elements), int5-g32, int4-g32 / int4-g64; routers and the sparse-attention indexer
+    /// always stay exact.
     #[arg(long, default_value = "bf16")]
     pub dense: String,
     /// Format of the attention projections, when it should differ from --dense (e.g.
@@ -35,7 +35,9 @@ pub struct ConvertArgs {
     #[arg(long)]
     pub attention: Option<String>,
     /// Format of the output head (lm_head, and the embedding table when tied to it), when it
-    /// should differ from --dense: decode reads all of it for every token (e.g. int4-g32).
+    /// should differ from --dense: decode reads all of it for every token. int5-g32 (5.5
+    /// bits) keeps it close to int8's accuracy; int4-g32 is smaller and lossier
+    /// (docs/FORMAT.md).
     #[arg(long)]
     pub lm_head: Option<String>,
     /// How int4 rows (groups of 32 or 64) are laid out: `rows8`, 8 rows interleaved so the

@@ -50,6 +50,16 @@ fn check(out: &str, want: &Value, what: &str) -> Value {
     v
 }
 
+/// The token ids of transformers' perplexity windows, as text.
+fn reference_ids(r: &Value) -> Vec<String> {
+    r["perplexity"]["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_string())
+        .collect()
+}
+
 /// `args` with `--local` after the subcommand.
 fn with_local<'a>(args: &[&'a str]) -> Vec<&'a str> {
     let mut v = args.to_vec();
@@ -61,12 +71,7 @@ fn with_local<'a>(args: &[&'a str]) -> Vec<&'a str> {
 fn perplexity_matches_transformers_in_process_and_through_the_daemon() {
     let r = reference();
     let dir = tempfile::tempdir().unwrap();
-    let ids: Vec<String> = r["perplexity"]["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.to_string())
-        .collect();
+    let ids = reference_ids(&r);
     // Both separators an ids file may use, and a trailing newline.
     let ids_file = dir.path().join("ids.txt");
     let mut text = String::new();
@@ -142,12 +147,7 @@ fn compare_reports_the_divergence_from_a_reference() {
     let r = reference();
     let dir = tempfile::tempdir().unwrap();
     let ids_file = dir.path().join("ids.txt");
-    let ids: Vec<String> = r["perplexity"]["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.to_string())
-        .collect();
+    let ids = reference_ids(&r);
     std::fs::write(&ids_file, ids.join(",")).unwrap();
     let model = model();
     let out = local(&[
@@ -224,12 +224,7 @@ fn bad_requests_are_refused_with_a_clear_error() {
 fn a_lean_container_with_an_int5_head_keeps_transformers_perplexity() {
     let r = reference();
     let dir = tempfile::tempdir().unwrap();
-    let ids: Vec<String> = r["perplexity"]["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.to_string())
-        .collect();
+    let ids = reference_ids(&r);
     let ids_file = dir.path().join("ids.txt");
     std::fs::write(&ids_file, ids.join(" ")).unwrap();
     let ctx = r["perplexity"]["ctx"].to_string();

@@ -97,32 +97,17 @@ pub fn parse_format(name: &str, group: u32) -> Result<WeightFormat> {
             format!("{group} is not 0 (per row) or a multiple of 32"),
         ));
     }
+    // Per-row scales are f32, grouped ones f16.
+    let scale = if group == 0 {
+        ScaleType::F32
+    } else {
+        ScaleType::F16
+    };
     Ok(match name {
         "int8" => WeightFormat::I8Row,
-        "int4" => WeightFormat::I4 {
-            group,
-            scale: if group == 0 {
-                ScaleType::F32
-            } else {
-                ScaleType::F16
-            },
-        },
-        "int5" => WeightFormat::I5 {
-            group,
-            scale: if group == 0 {
-                ScaleType::F32
-            } else {
-                ScaleType::F16
-            },
-        },
-        "int2" => WeightFormat::I2 {
-            group,
-            scale: if group == 0 {
-                ScaleType::F32
-            } else {
-                ScaleType::F16
-            },
-        },
+        "int4" => WeightFormat::I4 { group, scale },
+        "int5" => WeightFormat::I5 { group, scale },
+        "int2" => WeightFormat::I2 { group, scale },
         // The C engine's int3: groups of 64 with f32 scales, whatever --group-size says.
         "int3" => WeightFormat::I3G64,
         "bf16" => WeightFormat::BF16,

@@ -421,18 +421,7 @@ mod tests {
     use super::*;
     use crate::tensor::ScaleType;
 
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn f(&mut self) -> f32 {
-            (self.next() % 20001) as f32 / 10000.0 - 1.0
-        }
-    }
+    use super::super::tests::Rng;
 
     #[test]
     fn every_element_has_its_own_nibble_and_bit_and_a_step_puts_block_b_in_lane_b() {

@@ -6,9 +6,9 @@ use super::*;
 use crate::tensor::{Blob, Matrix, ScaleType, WeightFormat};
 use std::sync::Arc;
 
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
@@ -17,7 +17,7 @@ impl Rng {
     fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
-    fn f(&mut self) -> f32 {
+    pub(super) fn f(&mut self) -> f32 {
         ((self.next() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 }

@@ -10,6 +10,10 @@ pub struct BenchArgs {
     /// Measure the matvec kernels of every format against the read bandwidth.
     #[arg(long)]
     pub kernels: bool,
+    /// Measure only the memory read bandwidth that --model's decode is reported against
+    /// (to put another engine's decode on the same measure, tools/bench/decode_pairs.sh).
+    #[arg(long)]
+    pub bandwidth: bool,
     /// Measure this model (a container or Hub folder) fully in RAM.
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
@@ -44,12 +48,18 @@ pub fn bench(a: BenchArgs) -> anyhow::Result<()> {
             .ok_or_else(|| anyhow::anyhow!("--daemon needs --model DIR"))?;
         return crate::bench_daemon::run(&a.daemon, dir, a.threads, a.prompt, a.tokens);
     }
-    if !a.kernels && a.model.is_none() {
-        anyhow::bail!("say what to measure: --kernels and/or --model DIR");
+    if !a.kernels && !a.bandwidth && a.model.is_none() {
+        anyhow::bail!("say what to measure: --kernels, --bandwidth and/or --model DIR");
     }
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if a.bandwidth {
+        println!(
+            "read bandwidth {:.1} GB/s ({threads} threads)",
+            bench::bandwidth(threads)? / 1e9
+        );
+    }
     if a.kernels {
         print!("{}", bench::kernel_report(a.size_mib << 20, threads, 5));
     }

@@ -92,6 +92,23 @@ pub fn best_cpu_seconds(reps: usize, f: &mut dyn FnMut()) -> f64 {
     best
 }
 
+/// The read bandwidth a model's decode is measured against (bytes/s): a 1 GiB buffer, best
+/// of 3, on the current rayon pool.
+pub fn yardstick() -> f64 {
+    let buf = random_bytes(1 << 30, 3);
+    read_bandwidth(&buf, 3)
+}
+
+/// [`yardstick`] on `threads` threads alone (`coli bench --bandwidth`: the same measure next
+/// to another engine's run).
+pub fn bandwidth(threads: usize) -> crate::Result<f64> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| crate::Error::invalid("threads", e.to_string()))?;
+    Ok(pool.install(yardstick))
+}
+
 /// Memory read bandwidth (bytes/s) over `buf` with the current rayon pool.
 pub fn read_bandwidth(buf: &[u8], reps: usize) -> f64 {
     let threads = rayon::current_num_threads().max(1);
@@ -453,8 +470,7 @@ pub fn model_bench(dir: &std::path::Path, o: &ModelBenchOptions) -> crate::Resul
             .map_or("-", |l| l.k.dtype().name());
         let peak_rss_bytes = peak_rss();
         drop(model);
-        let buf = random_bytes(1 << 30, 3);
-        let bandwidth = read_bandwidth(&buf, 3);
+        let bandwidth = yardstick();
         Ok(ModelBench {
             threads: o.threads,
             load_s,

@@ -152,6 +152,18 @@ fn synth_writes_a_loadable_full_shape_model() {
         s.contains("decode") && s.contains("peak RSS") && s.contains("read bandwidth"),
         "{s}"
     );
+    // The yardstick alone (decode_pairs.sh measures it next to llama.cpp's runs).
+    let out = coli()
+        .args(["bench", "--bandwidth", "--threads", "2"])
+        .output()
+        .unwrap();
+    let s = String::from_utf8_lossy(&out.stdout);
+    let gbs: f64 = s
+        .strip_prefix("read bandwidth ")
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no bandwidth in {s:?}"));
+    assert!(out.status.success() && gbs > 0.1, "{s}");
 }
 
 /// `coli synth --format hf`: a Hub checkpoint (bf16 shards with an index, config, made-up

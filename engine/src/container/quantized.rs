@@ -903,4 +903,47 @@ mod tests {
         assert!(parse_container_meta(&bad, p).is_err());
         assert_eq!(parse_container_meta(&BTreeMap::new(), p).unwrap(), None);
     }
+
+    #[test]
+    fn every_written_format_reads_back_from_its_record() {
+        let g = |group| (group, ScaleType::F16);
+        let mut formats = vec![
+            WeightFormat::F32,
+            WeightFormat::BF16,
+            WeightFormat::F16,
+            WeightFormat::I8Row,
+            WeightFormat::I3G64,
+            WeightFormat::I2Plain,
+        ];
+        for (group, scale) in [g(32), g(64), (0, ScaleType::F32)] {
+            formats.push(WeightFormat::I8 { group, scale });
+            formats.push(WeightFormat::I4 { group, scale });
+            formats.push(WeightFormat::I5 { group, scale });
+            formats.push(WeightFormat::I2 { group, scale });
+        }
+        formats.push(WeightFormat::I4Rows8 {
+            group: 32,
+            scale: ScaleType::F16,
+        });
+        for f in formats {
+            if f == (WeightFormat::I8 {
+                group: 0,
+                scale: ScaleType::F32,
+            }) {
+                continue; // written as I8Row
+            }
+            let r = TensorRecord::for_format(f, vec![64, 128]);
+            assert_eq!(r.weight_format(), Ok(f), "{}", f.name());
+        }
+        // A group that is no multiple of 32 is refused for int5 as for the others.
+        let mut r = TensorRecord::for_format(
+            WeightFormat::I5 {
+                group: 32,
+                scale: ScaleType::F16,
+            },
+            vec![64, 128],
+        );
+        r.group_size = Some(48);
+        assert!(r.weight_format().is_err());
+    }
 }

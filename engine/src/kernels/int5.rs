@@ -77,25 +77,31 @@ pub fn order_q8(a: &mut Q8Act) {
     a.corr8.clear();
 }
 
-/// `dot(row, act)` on the fastest path: the SIMD paths take int8 activations (the policy's
-/// default for this format); f32 activations run on the reference.
+/// `dot(row, act)` on the fastest path: [`matmul_rows`] over this one row, else the
+/// reference.
 #[inline]
 pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 {
-    match (super::level(), &act.q8) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: Avx2 is only chosen when avx2, fma and f16c are detected; the activations
-        // were prepared for int5, so they carry the int4 order.
-        (Level::Avx2, Some(q)) => unsafe { simd::dot_q8_avx2(format, w, scales, q) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above, and Avx512Vnni only when avx512f/bw/vl/vnni are detected too.
-        (Level::Avx512Vnni, Some(q)) => unsafe { simd::dot_q8_vnni(format, w, scales, q) },
-        _ => scalar::dot_act(format, w, scales, act),
+    let one = Weights {
+        format,
+        rows: 1,
+        cols: act.x.len(),
+        data: w,
+        scales,
+        int8: act.q8.is_some(),
+        rows8: false,
+    };
+    let mut out = 0f32;
+    // SAFETY: `out` is one row × one token, and ours.
+    if unsafe { matmul_rows(&one, std::slice::from_ref(act), 0..1, &mut out, 1) } {
+        return out;
     }
+    scalar::dot_act(format, w, scales, act)
 }
 
 /// `out[t * ld + r]` for `r` in `rows` and every token of `acts` (prepared for this matrix):
 /// row after row, each against every token while it sits in L1, so the matrix is read once
-/// however many tokens there are.
+/// however many tokens there are. `false` (nothing written) where there is no SIMD path:
+/// other levels, or f32 activations; the caller then runs the reference.
 ///
 /// # Safety
 /// `out` must be valid for those writes and no one else may write them meanwhile.
@@ -105,28 +111,31 @@ pub(super) unsafe fn matmul_rows(
     rows: std::ops::Range<usize>,
     out: *mut f32,
     ld: usize,
-) {
+) -> bool {
+    let Some(q8) = acts
+        .iter()
+        .map(|a| a.q8.as_ref())
+        .collect::<Option<Vec<_>>>()
+    else {
+        return false;
+    };
     match super::level() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as in `dot_act`.
-        Level::Avx2 => simd::rows_avx2(w, acts, rows, out, ld),
+        // SAFETY: Avx2 is only chosen when avx2, fma and f16c are detected; the activations
+        // were prepared for int5 (`order_q8`).
+        Level::Avx2 => simd::rows_avx2(w, &q8, rows, out, ld),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as in `dot_act`.
-        Level::Avx512Vnni => simd::rows_vnni(w, acts, rows, out, ld),
-        _ => {
-            for r in rows {
-                for (t, a) in acts.iter().enumerate() {
-                    *out.add(t * ld + r) = scalar::dot_act(w.format, w.row(r), w.srow(r), a);
-                }
-            }
-        }
+        // SAFETY: as above, and Avx512Vnni only when avx512f/bw/vl/vnni are detected too.
+        Level::Avx512Vnni => simd::rows_vnni(w, &q8, rows, out, ld),
+        _ => return false,
     }
+    true
 }
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::super::avx2::{prefetch, prefetch_l2};
-    use super::super::{matmul::Weights, scalar, Act, Q8Act, QBLOCK};
+    use super::super::{matmul::Weights, scalar, Q8Act, QBLOCK};
     use super::{STEP, STEP_BLOCKS};
     use crate::tensor::{ScaleType, WeightFormat};
     use std::arch::x86_64::*;
@@ -156,79 +165,52 @@ mod simd {
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_q8_avx2(format: WeightFormat, w: &[u8], s: &[u8], q: &Q8Act) -> f32 {
-        match scales_kind(format, q.q.len()) {
-            SCALES_F16_G32 => row::<false, 1, SCALES_F16_G32>(format, w, s, [q])[0],
-            SCALES_F32_G32 => row::<false, 1, SCALES_F32_G32>(format, w, s, [q])[0],
-            _ => row::<false, 1, SCALES_ANY>(format, w, s, [q])[0],
-        }
-    }
-
-    /// [`dot_q8_avx2`] on AVX-512 VNNI: the high bits added under a byte mask, the products
-    /// summed by `vpdpbusd`; the same int32 lanes, so the same bits.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub unsafe fn dot_q8_vnni(format: WeightFormat, w: &[u8], s: &[u8], q: &Q8Act) -> f32 {
-        match scales_kind(format, q.q.len()) {
-            SCALES_F16_G32 => row::<true, 1, SCALES_F16_G32>(format, w, s, [q])[0],
-            SCALES_F32_G32 => row::<true, 1, SCALES_F32_G32>(format, w, s, [q])[0],
-            _ => row::<true, 1, SCALES_ANY>(format, w, s, [q])[0],
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn rows_avx2(
         w: &Weights,
-        acts: &[Act],
+        q8: &[&Q8Act],
         rows: std::ops::Range<usize>,
         out: *mut f32,
         ld: usize,
     ) {
-        rows_body::<false>(w, acts, rows, out, ld)
+        rows_body::<false>(w, q8, rows, out, ld)
     }
 
+    /// [`rows_avx2`] on AVX-512 VNNI: the high bits added under a byte mask, the products
+    /// summed by `vpdpbusd`; the same int32 lanes, so the same bits.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub unsafe fn rows_vnni(
         w: &Weights,
-        acts: &[Act],
+        q8: &[&Q8Act],
         rows: std::ops::Range<usize>,
         out: *mut f32,
         ld: usize,
     ) {
-        rows_body::<true>(w, acts, rows, out, ld)
+        rows_body::<true>(w, q8, rows, out, ld)
     }
 
     #[inline(always)]
     unsafe fn rows_body<const VNNI: bool>(
         w: &Weights,
-        acts: &[Act],
+        q8: &[&Q8Act],
         rows: std::ops::Range<usize>,
         out: *mut f32,
         ld: usize,
     ) {
         match scales_kind(w.format, w.cols) {
-            SCALES_F16_G32 => rows_of::<VNNI, SCALES_F16_G32>(w, acts, rows, out, ld),
-            SCALES_F32_G32 => rows_of::<VNNI, SCALES_F32_G32>(w, acts, rows, out, ld),
-            _ => rows_of::<VNNI, SCALES_ANY>(w, acts, rows, out, ld),
+            SCALES_F16_G32 => rows_of::<VNNI, SCALES_F16_G32>(w, q8, rows, out, ld),
+            SCALES_F32_G32 => rows_of::<VNNI, SCALES_F32_G32>(w, q8, rows, out, ld),
+            _ => rows_of::<VNNI, SCALES_ANY>(w, q8, rows, out, ld),
         }
     }
 
     #[inline(always)]
     unsafe fn rows_of<const VNNI: bool, const K: u8>(
         w: &Weights,
-        acts: &[Act],
+        q8: &[&Q8Act],
         rows: std::ops::Range<usize>,
         out: *mut f32,
         ld: usize,
     ) {
-        let q8: Option<Vec<&Q8Act>> = acts.iter().map(|a| a.q8.as_ref()).collect();
-        let Some(q8) = q8 else {
-            for r in rows {
-                for (t, a) in acts.iter().enumerate() {
-                    *out.add(t * ld + r) = scalar::dot_act(w.format, w.row(r), w.srow(r), a);
-                }
-            }
-            return;
-        };
         for r in rows {
             let (data, scales) = (w.row(r), w.srow(r));
             let mut t = 0;
@@ -528,11 +510,24 @@ mod tests {
                 #[cfg(target_arch = "x86_64")]
                 {
                     use std::arch::is_x86_feature_detected as has;
+                    let one = Weights {
+                        format: f,
+                        rows: 1,
+                        cols,
+                        data: &d,
+                        scales: &s,
+                        int8: true,
+                        rows8: false,
+                    };
+                    let mut out = 0f32;
                     if has!("avx2") && has!("fma") && has!("f16c") {
-                        // SAFETY: the features were just detected.
-                        paths.push(("avx2", unsafe { simd::dot_q8_avx2(f, &d, &s, q) }));
+                        // SAFETY: the features were just detected; one output, ours.
+                        unsafe { simd::rows_avx2(&one, &[q], 0..1, &mut out, 1) };
+                        paths.push(("avx2", out));
                         if has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
-                            paths.push(("vnni", unsafe { simd::dot_q8_vnni(f, &d, &s, q) }));
+                            // SAFETY: as above.
+                            unsafe { simd::rows_vnni(&one, &[q], 0..1, &mut out, 1) };
+                            paths.push(("vnni", out));
                         }
                     }
                 }

@@ -174,8 +174,10 @@ unsafe fn run_rows(
             // the tiles' scale windows cannot express). A row stays in L1 for all tokens:
             // the matrix is read once however many tokens there are.
             let acts = input.acts(w.format, w.int8);
-            if let WeightFormat::I5 { .. } = w.format {
-                return super::int5::matmul_rows(w, &acts, rows, out, ld);
+            if matches!(w.format, WeightFormat::I5 { .. })
+                && super::int5::matmul_rows(w, &acts, rows.clone(), out, ld)
+            {
+                return;
             }
             for r in rows {
                 let (row, srow) = (w.row(r), w.srow(r));

@@ -198,32 +198,25 @@ pub fn quantize_row(format: WeightFormat, row: &[f32], data: &mut Vec<u8>, scale
                 push_scale(scale, s, scales);
             }
         }
-        WeightFormat::I4 { scale, .. } | WeightFormat::I2 { scale, .. } => {
+        WeightFormat::I4 { scale, .. }
+        | WeightFormat::I5 { scale, .. }
+        | WeightFormat::I2 { scale, .. } => {
             let g = format.group_len(cols).unwrap_or(cols);
             let mut codes = vec![0u8; cols];
             for (gi, chunk) in row.chunks(g.max(1)).enumerate() {
                 let c = &mut codes[gi * g..gi * g + chunk.len()];
-                let s = if matches!(format, WeightFormat::I4 { .. }) {
-                    quant_group_i4(chunk, scale, c)
-                } else {
-                    quant_group_i2(chunk, scale, c)
+                let s = match format {
+                    WeightFormat::I4 { .. } => quant_group_i4(chunk, scale, c),
+                    WeightFormat::I5 { .. } => quant_group_i5(chunk, scale, c),
+                    _ => quant_group_i2(chunk, scale, c),
                 };
                 push_scale(scale, s, scales);
             }
-            if matches!(format, WeightFormat::I4 { .. }) {
-                pack_i4(&codes, data)
-            } else {
-                pack_i2(&codes, data)
+            match format {
+                WeightFormat::I4 { .. } => pack_i4(&codes, data),
+                WeightFormat::I5 { .. } => crate::kernels::int5::pack(&codes, data),
+                _ => pack_i2(&codes, data),
             }
-        }
-        WeightFormat::I5 { scale, .. } => {
-            let g = format.group_len(cols).unwrap_or(cols).max(1);
-            let mut codes = vec![0u8; cols];
-            for (gi, chunk) in row.chunks(g).enumerate() {
-                let s = quant_group_i5(chunk, scale, &mut codes[gi * g..gi * g + chunk.len()]);
-                push_scale(scale, s, scales);
-            }
-            crate::kernels::int5::pack(&codes, data)
         }
         WeightFormat::I3G64 => lowbit::quantize_row_i3(row, data, scales),
         WeightFormat::I2Plain => lowbit::quantize_row_i2_plain(row, data, scales),

@@ -6,12 +6,12 @@
 //! reply (the session keeps what was said); Ctrl-C at the prompt clears the line; Ctrl-D or
 //! /exit leaves.
 
+use crate::args::Global;
+use crate::args::SamplingArgs;
 use crate::daemon_discovery::{self, status_error, Client, RpcResult};
 use crate::local;
 use crate::output::{fmt_bytes, RunStats};
 use crate::remote::{self, finish_reason, model_id, run_stats};
-use crate::run::SamplingArgs;
-use crate::Global;
 use anyhow::{anyhow, bail, Context};
 use clap::Args;
 use colibri_engine::kv::KvCache;

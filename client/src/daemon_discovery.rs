@@ -1,8 +1,8 @@
 //! Finding colibrid: the socket path (`--socket`, `COLI_SOCKET`, else the daemon's own
 //! default), connecting over it, and starting the daemon detached when nobody answers.
 
+use crate::args::Global;
 use crate::progress;
-use crate::Global;
 use anyhow::{anyhow, Context};
 use colibri_proto::v1::colibri_client::ColibriClient;
 use std::path::{Path, PathBuf};

@@ -1,9 +1,9 @@
 //! `coli doctor`: a read-only readiness check. Each line says OK, WARN or FAIL and, when it
 //! is not OK, what to do about it. Nothing is changed, nothing is started.
 
+use crate::args::Global;
 use crate::daemon_discovery;
 use crate::output::{fmt_bytes, fmt_secs, print_json, OutputFormat};
-use crate::Global;
 use clap::Args;
 use colibri_proto::v1 as pb;
 use serde::Serialize;

@@ -1,9 +1,9 @@
 //! The in-process path (`--local`): load the model in this process and drive the engine's
 //! own [`Generation`] state machine, exactly as the daemon's scheduler does for one session.
 
+use crate::args::{PromptSpec, RunArgs, ScoreArgs};
 use crate::output::{expert_report, print_score, RunSink, RunStats};
 use crate::progress;
-use crate::run::{PromptSpec, RunArgs, ScoreArgs};
 use anyhow::Context;
 use colibri_engine::experts::stream::{self, StreamOptions};
 use colibri_engine::speculative::{DraftMode, SpeculativeGeneration};

@@ -4,6 +4,7 @@
 //! own module with its own `clap::Args` struct and an entry function; to add a command, write
 //! `foo.rs`, add a variant to [`Command`] and one arm to [`dispatch`].
 
+mod args;
 mod bench;
 mod bench_daemon;
 mod chat;
@@ -25,8 +26,8 @@ mod synth;
 mod trace;
 mod web;
 
+use args::Global;
 use clap::{CommandFactory, Parser, Subcommand};
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
@@ -43,45 +44,12 @@ struct Cli {
     command: Command,
 }
 
-/// Options every subcommand accepts.
-#[derive(clap::Args, Clone, Debug)]
-pub struct Global {
-    /// The daemon's socket [default: $XDG_RUNTIME_DIR/colibri/colibrid.sock, else
-    /// ~/.colibri/run/colibrid.sock].
-    #[arg(
-        long,
-        global = true,
-        env = "COLI_SOCKET",
-        value_name = "PATH",
-        help_heading = "Daemon"
-    )]
-    pub socket: Option<PathBuf>,
-    /// The daemon's state folder, passed to a daemon that coli starts [default:
-    /// $XDG_STATE_HOME/colibri, else ~/.local/state/colibri].
-    #[arg(
-        long,
-        global = true,
-        env = "COLIBRI_STATE_DIR",
-        value_name = "DIR",
-        help_heading = "Daemon"
-    )]
-    pub state_dir: Option<PathBuf>,
-    /// Never start colibrid: fail when it is not running.
-    #[arg(
-        long,
-        global = true,
-        env = "COLI_NO_AUTOSTART",
-        help_heading = "Daemon"
-    )]
-    pub no_autostart: bool,
-}
-
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Generate a continuation of a prompt (chat template applied unless --raw).
-    Run(run::RunArgs),
+    Run(args::RunArgs),
     /// Teacher-forced logits of every position of a token sequence.
-    Score(run::ScoreArgs),
+    Score(args::ScoreArgs),
     /// Perplexity of a text or of token ids (llama-perplexity's method).
     Perplexity(perplexity::PerplexityArgs),
     /// Chat interactively; re-attaches to the last conversation.

@@ -1,12 +1,12 @@
 //! Daemon management: `coli status` / `ps`, `load`, `unload`, `stop`, `sessions`, `pin`.
 //! Each prints text for people or, with `--output json`, one JSON document for scripts.
 
+use crate::args::Global;
 use crate::daemon_discovery::{self, Client, RpcResult};
 use crate::output::{
     expert_key_figures, fmt_bytes, fmt_secs, print_json, print_table, OutputFormat,
 };
 use crate::remote::{load_model_reporting, model_id};
-use crate::Global;
 use anyhow::{anyhow, bail};
 use clap::{Args, Subcommand};
 use colibri_proto::v1 as pb;

@@ -3,10 +3,11 @@
 //! the daemon's streaming Perplexity RPC. With `--compare DIR` (in-process) a reference
 //! model scores the same windows and the mean KL divergence to it is reported too.
 
+use crate::args::Global;
+use crate::args::ModelTarget;
 use crate::daemon_discovery::{self, status_error, Client, RpcResult};
 use crate::output::OutputFormat;
-use crate::run::ModelTarget;
-use crate::{local, remote, Global};
+use crate::{local, remote};
 use anyhow::{anyhow, bail, Context};
 use clap::Args;
 use colibri_engine::arch::Ffn;

@@ -1,11 +1,11 @@
 //! The daemon path of `coli run` and `coli score`: the same arguments and output as the
 //! in-process path, with the model loaded (once) and run by colibrid.
 
+use crate::args::{PromptSpec, RunArgs, SamplingArgs, ScoreArgs};
 use crate::daemon_discovery::{status_error, Client, RpcResult};
 use crate::local;
 use crate::output::{expert_report, print_argmax, print_score, RunSink, RunStats};
 use crate::progress;
-use crate::run::{PromptSpec, RunArgs, SamplingArgs, ScoreArgs};
 use anyhow::{anyhow, Context};
 use colibri_proto::v1 as pb;
 use pb::generate_event::Event;

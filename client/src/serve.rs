@@ -1,11 +1,11 @@
 //! `coli serve`: loads models into colibrid (starting it if needed) and makes sure it serves
 //! the OpenAI/Anthropic-compatible HTTP API, then prints the API's base URL.
 
+use crate::args::Global;
 use crate::daemon_discovery::{self, RpcResult};
 use crate::manage::parse_size;
 use crate::output::{print_json, OutputFormat};
 use crate::remote::{load_model_reporting, model_id};
-use crate::Global;
 use clap::Args;
 use colibri_proto::v1 as pb;
 use serde_json::json;

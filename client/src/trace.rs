@@ -3,10 +3,10 @@
 //! with `--stream`, the expert cache's statistics next to Belady's optimum on the same trace.
 //! It is also how streaming is benchmarked (docs/STREAMING.md).
 
+use crate::args::Global;
+use crate::args::PromptSpec;
 use crate::local;
 use crate::output::fmt_bytes;
-use crate::run::PromptSpec;
-use crate::Global;
 use anyhow::Context;
 use clap::Args;
 use colibri_engine::arch::Ffn;

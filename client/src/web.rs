@@ -3,11 +3,11 @@
 //! has the daemon serve HTTP (the same listener as the OpenAI/Anthropic API), then opens
 //! the page in the default browser, or prints its address where there is none.
 
+use crate::args::Global;
 use crate::daemon_discovery::{self, RpcResult};
 use crate::manage::parse_size;
 use crate::output::{print_json, OutputFormat};
 use crate::remote::{load_model_reporting, model_id};
-use crate::Global;
 use clap::Args;
 use colibri_proto::v1 as pb;
 use serde_json::json;

@@ -12,11 +12,11 @@
 //!
 //! Each sequence of a batch takes whichever is cheaper for its rows and context.
 
-use super::blocks::{axpy, row_block, Loader, RmsNorm, Rope};
+use super::blocks::{row_block, Loader, RmsNorm, Rope};
 use super::config::Cfg;
 use super::dsa::{DsaIndexer, Selection};
 use super::profile::{self, Phase};
-use super::simd::softmax_fast;
+use super::simd::{axpy, softmax_fast};
 use super::{exec, BatchRows};
 use crate::error::Result;
 use crate::kernels::dot_f32;

@@ -57,7 +57,7 @@ impl KvRow<'_> {
     #[inline]
     pub fn axpy_to(self, o: &mut [f32], w: f32) {
         match self {
-            KvRow::F32(v) => crate::arch::blocks::axpy(o, w, v),
+            KvRow::F32(v) => crate::arch::simd::axpy(o, w, v),
             KvRow::F16(v) => axpy_f16(o, w, v),
         }
     }

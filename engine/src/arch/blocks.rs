@@ -242,7 +242,7 @@ pub struct Loader<'a> {
     pub ckpt: &'a Checkpoint,
     pub family: &'static str,
     /// Told as each decoder layer is loaded.
-    pub progress: &'a super::LoadHook<'a>,
+    pub progress: &'a super::load::LoadHook<'a>,
 }
 
 impl<'a> Loader<'a> {

@@ -214,7 +214,7 @@ impl GqaAttention {
     pub fn load(
         ld: &super::blocks::Loader,
         prefix: &str,
-        d: &super::CommonDims,
+        d: &super::config::CommonDims,
         qk: QkNormKind,
         bias: bool,
         rope: Rope,

@@ -99,13 +99,13 @@ impl Model {
             .as_ref()
             .map(|t| t.eos_ids().to_vec())
             .unwrap_or_default();
-        for id in arch::config::id_list(&ckpt.config, "eos_token_id") {
+        for id in crate::text::id_list(&ckpt.config, "eos_token_id") {
             if !eos_ids.contains(&id) {
                 eos_ids.push(id);
             }
         }
         let bos_id = text.as_ref().and_then(|t| t.bos_id()).or_else(|| {
-            arch::config::id_list(&ckpt.config, "bos_token_id")
+            crate::text::id_list(&ckpt.config, "bos_token_id")
                 .first()
                 .copied()
         });

@@ -1,5 +1,5 @@
 //! Typed reads of `config.json` with errors that name the file and key, and the parts of the
-//! config every family shares (dimensions, RoPE, eos/bos ids).
+//! config every family shares (dimensions, RoPE).
 
 use super::blocks::{self, RmsNorm, Rope, RopeLayout};
 use crate::error::{Error, Result};
@@ -107,19 +107,6 @@ impl<'a> Cfg<'a> {
                 .collect(),
             Some(v) => Err(self.err(format!("'{key}' must be a list, got {v}"))),
         }
-    }
-}
-
-/// Token ids under `key`, which configs write as an int or a list of ints.
-pub fn id_list(v: &Value, key: &str) -> Vec<u32> {
-    match v.get(key) {
-        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(|x| x.as_u64())
-            .map(|x| x as u32)
-            .collect(),
-        _ => Vec::new(),
     }
 }
 

@@ -8,6 +8,11 @@ use crate::kv::KvCache;
 use crate::text::Text;
 use std::path::{Path, PathBuf};
 
+// The step and load types live where the forward pass and the loader use them; their paths
+// here stay the ones callers know.
+pub use crate::arch::load::{LoadProgress, LoadStage};
+pub use crate::arch::step::{LogitsWanted, SeqStep};
+
 /// What a caller may want to know about a model without touching its weights.
 #[derive(Clone, Debug)]
 pub struct ModelInfo {
@@ -38,50 +43,6 @@ pub struct Model {
     pub net: Network,
     /// Tokenizer and chat template; `None` for a folder without tokenizer.json (ids only).
     pub text: Option<Text>,
-}
-
-/// What a model load is doing, as [`LoadProgress`] reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LoadStage {
-    /// The files' bytes are being copied into RAM ([`crate::container::WeightsIn`]):
-    /// `done`/`total` count the bytes of the files copied, not the tensor bytes of the
-    /// stages after it. Reported (before [`Opening`](Self::Opening)) only when a file is
-    /// copied, every 64 MiB, from 0 to `total`.
-    Copying,
-    /// The checkpoint's headers are read and its files mapped; nothing is loaded yet.
-    Opening,
-    /// Decoder layers (then embeddings and head) are being loaded and checked.
-    Weights,
-    /// Weights done; the tokenizer and chat template are being read.
-    Text,
-}
-
-/// How far [`Model::load_with_progress`] has got, in the checkpoint's tensor bytes. Reported
-/// once per decoder layer (not per byte): `done` only grows, never passes `total`, and the
-/// last report has `done == total`. Before them, when files are copied into RAM, reports of
-/// [`LoadStage::Copying`] count the bytes copied (their own `total`, the same rules).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LoadProgress {
-    pub stage: LoadStage,
-    pub done: u64,
-    pub total: u64,
-    pub message: String,
-}
-
-/// Which logits a sequence wants back from a forward step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogitsWanted {
-    None,
-    Last,
-    All,
-}
-
-/// One sequence's share of a batched forward step: feed `tokens` at positions
-/// `cache.len..`, append their keys and values to `cache`.
-pub struct SeqStep<'a> {
-    pub cache: &'a mut KvCache,
-    pub tokens: &'a [u32],
-    pub logits: LogitsWanted,
 }
 
 impl Model {
@@ -138,13 +99,13 @@ impl Model {
             .as_ref()
             .map(|t| t.eos_ids().to_vec())
             .unwrap_or_default();
-        for id in arch::config::id_list(&ckpt.config, "eos_token_id") {
+        for id in crate::text::id_list(&ckpt.config, "eos_token_id") {
             if !eos_ids.contains(&id) {
                 eos_ids.push(id);
             }
         }
         let bos_id = text.as_ref().and_then(|t| t.bos_id()).or_else(|| {
-            arch::config::id_list(&ckpt.config, "bos_token_id")
+            crate::text::id_list(&ckpt.config, "bos_token_id")
                 .first()
                 .copied()
         });

@@ -1,9 +1,10 @@
 //! Grouped-query attention with a standard KV cache (OLMoE, Qwen3-MoE, Mixtral, GLM-4.5).
 
 use super::blocks::{RmsNorm, Rope};
+use super::exec;
 use super::profile::{self, Phase};
 use super::simd::softmax_fast;
-use super::{exec, BatchRows};
+use super::step::BatchRows;
 use crate::kv::{ops as kv_ops, KvBuf, KvCache};
 use crate::tensor::Linear;
 
@@ -213,7 +214,7 @@ impl GqaAttention {
     pub fn load(
         ld: &super::blocks::Loader,
         prefix: &str,
-        d: &super::CommonDims,
+        d: &super::config::CommonDims,
         qk: QkNormKind,
         bias: bool,
         rope: Rope,

@@ -199,15 +199,6 @@ impl LayerNorm {
     }
 }
 
-/// `y += a·x`. A plain multiply and add, which the compiler vectorises; `f32::mul_add`
-/// would become a libm call per element on builds without the `fma` target feature.
-#[inline]
-pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    for (yv, xv) in y.iter_mut().zip(x) {
-        *yv += a * xv;
-    }
-}
-
 #[inline]
 pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
@@ -240,25 +231,9 @@ impl Mlp {
         self.gate.rows
     }
 
-    /// `n` rows of `hidden` floats in, `n` rows out.
-    pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
-        let rows: Vec<(usize, f32)> = (0..n).map(|i| (i, 1.0)).collect();
-        let mut out = vec![0f32; n * self.down.rows];
-        mlps_forward(&[(self, &rows)], x, n, &mut out);
-        out
-    }
-
     pub fn size_bytes(&self) -> usize {
         self.gate.size_bytes() + self.up.size_bytes() + self.down.size_bytes()
     }
-}
-
-/// `out[row] += w · mlp(x[row])` for every `(mlp, [(row, w)])` term, terms added in the
-/// order given: a MoE layer's routed experts and its shared one in two parallel regions
-/// (every gate and up, then every down), each weight row read once for all the rows routed
-/// to it (`exec::mlps`). `x` and `out` are `n` rows of `hidden` floats.
-pub fn mlps_forward(terms: &[(&Mlp, &[(usize, f32)])], x: &[f32], n: usize, out: &mut [f32]) {
-    super::exec::mlps(terms, x, n, out)
 }
 
 /// Loads weights by name from a checkpoint, checking each shape against the config and
@@ -267,7 +242,7 @@ pub struct Loader<'a> {
     pub ckpt: &'a Checkpoint,
     pub family: &'static str,
     /// Told as each decoder layer is loaded.
-    pub progress: &'a super::LoadHook<'a>,
+    pub progress: &'a super::load::LoadHook<'a>,
 }
 
 impl<'a> Loader<'a> {

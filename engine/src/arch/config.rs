@@ -1,8 +1,9 @@
 //! Typed reads of `config.json` with errors that name the file and key, and the parts of the
-//! config every family shares (dimensions, RoPE, eos/bos ids).
+//! config every family shares (dimensions, RoPE).
 
-use super::blocks::{Rope, RopeLayout};
+use super::blocks::{self, RmsNorm, Rope, RopeLayout};
 use crate::error::{Error, Result};
+use crate::tensor::Matrix;
 use serde_json::Value;
 use std::path::Path;
 
@@ -106,19 +107,6 @@ impl<'a> Cfg<'a> {
                 .collect(),
             Some(v) => Err(self.err(format!("'{key}' must be a list, got {v}"))),
         }
-    }
-}
-
-/// Token ids under `key`, which configs write as an int or a list of ints.
-pub fn id_list(v: &Value, key: &str) -> Vec<u32> {
-    match v.get(key) {
-        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(|x| x.as_u64())
-            .map(|x| x as u32)
-            .collect(),
-        _ => Vec::new(),
     }
 }
 
@@ -337,6 +325,83 @@ impl RopeParams {
                 Ok(m * m)
             }
         }
+    }
+}
+
+/// Dimensions every GQA family reads the same way.
+pub struct CommonDims {
+    pub hidden: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab: usize,
+    pub max_context: usize,
+    pub eps: f32,
+    pub tie_embeddings: bool,
+}
+
+impl CommonDims {
+    pub fn read(cfg: &Cfg) -> Result<CommonDims> {
+        let mut d = Self::read_shared(cfg)?;
+        let n_heads = d.n_heads;
+        let n_kv_heads = match cfg.opt_usize("num_key_value_heads")? {
+            Some(k) => k,
+            None => n_heads,
+        };
+        if n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+            return Err(cfg.err(format!(
+                "num_attention_heads ({n_heads}) must be a multiple of num_key_value_heads ({n_kv_heads})"
+            )));
+        }
+        let head_dim = match cfg.opt_usize("head_dim")? {
+            Some(h) if h > 0 => h,
+            _ => {
+                if d.hidden % n_heads != 0 {
+                    return Err(cfg.err("hidden_size is not a multiple of num_attention_heads and no head_dim is given"));
+                }
+                d.hidden / n_heads
+            }
+        };
+        if head_dim % 2 != 0 {
+            return Err(cfg.err(format!("head_dim {head_dim} must be even for RoPE")));
+        }
+        d.n_kv_heads = n_kv_heads;
+        d.head_dim = head_dim;
+        Ok(d)
+    }
+
+    /// Everything but the GQA head layout (`n_kv_heads` = `n_heads`, `head_dim` = 0): MLA
+    /// families size their heads from their own keys (see [`MlaDims`](super::mla::MlaDims)).
+    pub fn read_shared(cfg: &Cfg) -> Result<CommonDims> {
+        let act = cfg.str_or("hidden_act", "silu")?;
+        if act != "silu" {
+            return Err(cfg.err(format!("hidden_act '{act}' is not supported (silu is)")));
+        }
+        let n_heads = cfg.dim("num_attention_heads")?;
+        Ok(CommonDims {
+            hidden: cfg.dim("hidden_size")?,
+            n_layers: cfg.dim("num_hidden_layers")?,
+            n_heads,
+            n_kv_heads: n_heads,
+            head_dim: 0,
+            vocab: cfg.dim("vocab_size")?,
+            max_context: cfg.dim("max_position_embeddings")?,
+            eps: cfg.f64_or("rms_norm_eps", 1e-6)? as f32,
+            tie_embeddings: cfg.bool_or("tie_word_embeddings", false)?,
+        })
+    }
+
+    /// Embedding, final norm and lm_head under the usual Hub names.
+    pub fn embeddings(&self, ld: &blocks::Loader) -> Result<(Matrix, RmsNorm, Matrix)> {
+        let embed = ld.matrix("model.embed_tokens.weight", self.vocab, self.hidden)?;
+        let norm = ld.norm("model.norm.weight", self.hidden, self.eps)?;
+        let lm_head = if self.tie_embeddings && ld.ckpt.get("lm_head.weight").is_none() {
+            embed.clone()
+        } else {
+            ld.matrix("lm_head.weight", self.vocab, self.hidden)?
+        };
+        Ok((embed, norm, lm_head))
     }
 }
 

@@ -7,11 +7,14 @@
 //! [`build_mla_family`].
 
 use super::blocks::{Loader, RopeLayout};
-use super::config::{Cfg, RopeParams};
+use super::config::{Cfg, CommonDims, RopeParams};
 use super::dsa::DsaIndexer;
+use super::layer::{Attention, Ffn, Layer};
+use super::load::LoadHook;
 use super::mla::{MlaAttention, MlaDims};
 use super::moe::SigmoidMoeSpec;
-use super::{mtp, Attention, CommonDims, Ffn, Layer, LoadHook, Network};
+use super::mtp;
+use super::network::Network;
 use crate::container::Checkpoint;
 use crate::error::Result;
 

@@ -4,7 +4,7 @@
 //! (`LayerKv::extra`), one `index_head_dim` row per position.
 
 use super::blocks::{LayerNorm, Loader, Rope};
-use super::BatchRows;
+use super::step::BatchRows;
 use crate::error::Result;
 use crate::kv::KvCache;
 use crate::tensor::Matrix;

@@ -14,7 +14,8 @@
 //! per expert in expert order, as the streamed-expert path's `axpy` does, so both give
 //! identical outputs.
 
-use super::blocks::{axpy, Mlp};
+use super::blocks::Mlp;
+use super::simd::axpy;
 use crate::kernels::{self, Input};
 use crate::tensor::Matrix;
 use rayon::prelude::*;
@@ -49,7 +50,9 @@ pub fn products(x: &[f32], n: usize, mats: &[&Matrix], outs: &mut [&mut [f32]]) 
 const PARALLEL_GLUE: usize = 1 << 16;
 
 /// `out[row] += w · mlp(x[row])` for every `(mlp, [(row, w)])` term, terms added in the
-/// order given. `x` and `out` are `n` rows of `hidden` floats.
+/// order given: a MoE layer's routed experts and its shared one in two parallel regions
+/// (every gate and up, then every down), each weight row read once for all the rows routed
+/// to it. `x` and `out` are `n` rows of `hidden` floats.
 pub fn mlps(terms: &[(&Mlp, &[(usize, f32)])], x: &[f32], n: usize, out: &mut [f32]) {
     if terms.is_empty() || n == 0 {
         return;
@@ -117,6 +120,18 @@ pub fn mlps(terms: &[(&Mlp, &[(usize, f32)])], x: &[f32], n: usize, out: &mut [f
     drop(jobs);
     let rows: Vec<&[(usize, f32)]> = terms.iter().map(|(_, r)| *r).collect();
     weighted_sum(&rows, &downs, out, terms[0].0.down.rows);
+}
+
+// A dense MLP is the one-term case of [`mlps`]: its forward lives here, beside the products
+// it runs, so that the blocks (where `Mlp` is defined) never call up into this file.
+impl Mlp {
+    /// `n` rows of `hidden` floats in, `n` rows out.
+    pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
+        let rows: Vec<(usize, f32)> = (0..n).map(|i| (i, 1.0)).collect();
+        let mut out = vec![0f32; n * self.down.rows];
+        mlps(&[(self, &rows)], x, n, &mut out);
+        out
+    }
 }
 
 /// `out[row] += w · ys[t][k]` for every term `t` and its `k`-th `(row, w)`, terms in order

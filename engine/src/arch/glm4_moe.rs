@@ -5,9 +5,12 @@
 
 use super::attention::{GqaAttention, QkNormKind};
 use super::blocks::{Loader, RopeLayout};
-use super::config::{Cfg, RopeParams};
+use super::config::{Cfg, CommonDims, RopeParams};
+use super::layer::{Attention, Ffn, Layer};
+use super::load::LoadHook;
 use super::moe::SigmoidMoeSpec;
-use super::{mtp, Attention, CommonDims, Ffn, Layer, LoadHook, Network};
+use super::mtp;
+use super::network::Network;
 use crate::container::Checkpoint;
 use crate::error::Result;
 

@@ -6,7 +6,8 @@
 use super::blocks::RopeLayout;
 use super::config::Cfg;
 use super::deepseek_v3::{build_mla_family, DsaSpec, MlaFamily};
-use super::{LoadHook, Network};
+use super::load::LoadHook;
+use super::network::Network;
 use crate::container::Checkpoint;
 use crate::error::Result;
 use serde_json::Value;

@@ -12,12 +12,13 @@
 //!
 //! Each sequence of a batch takes whichever is cheaper for its rows and context.
 
-use super::blocks::{axpy, row_block, Loader, RmsNorm, Rope};
+use super::blocks::{row_block, Loader, RmsNorm, Rope};
 use super::config::Cfg;
 use super::dsa::{DsaIndexer, Selection};
+use super::exec;
 use super::profile::{self, Phase};
-use super::simd::softmax_fast;
-use super::{exec, BatchRows};
+use super::simd::{axpy, softmax_fast};
+use super::step::BatchRows;
 use crate::error::Result;
 use crate::kernels::dot_f32;
 use crate::kv::KvCache;

@@ -4,8 +4,10 @@
 //! are grouped by expert, so each selected expert's weights are read once per step and
 //! applied to every row routed to it.
 
-use super::blocks::{axpy, mlps_forward, softmax, Mlp};
+use super::blocks::{softmax, Mlp};
+use super::exec;
 use super::profile::{self, Phase};
+use super::simd::axpy;
 use crate::tensor::Matrix;
 
 /// How router logits become expert choices and weights.
@@ -154,7 +156,7 @@ impl Moe {
         if let Some(shared) = &self.shared {
             terms.push((shared, &all));
         }
-        mlps_forward(&terms, h, n, &mut out);
+        exec::mlps(&terms, h, n, &mut out);
         out
     }
 

@@ -8,8 +8,8 @@
 //! (as vLLM's `DeepSeekMultiTokenPredictorLayer`).
 
 use super::blocks::{Loader, RmsNorm};
-use super::config::Cfg;
-use super::{CommonDims, Layer};
+use super::config::{Cfg, CommonDims};
+use super::layer::Layer;
 use crate::error::Result;
 use crate::tensor::Matrix;
 

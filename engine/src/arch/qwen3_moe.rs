@@ -4,9 +4,11 @@
 
 use super::attention::{GqaAttention, QkNormKind};
 use super::blocks::{Loader, Rope, RopeLayout};
-use super::config::{Cfg, RopeParams};
+use super::config::{Cfg, CommonDims, RopeParams};
+use super::layer::{Attention, Ffn, Layer};
+use super::load::LoadHook;
 use super::moe::{Moe, Routing};
-use super::{Attention, CommonDims, Ffn, Layer, LoadHook, Network};
+use super::network::Network;
 use crate::container::Checkpoint;
 use crate::error::Result;
 

@@ -1,5 +1,6 @@
 //! Vectorized element-wise pieces of the forward pass: `exp` for SiLU and the attention
-//! softmax, the sum of squares of RMSNorm.
+//! softmax, the sum of squares of RMSNorm, and `axpy` (the weighted sums of experts and of
+//! attention values, the KV cache's f32 rows among them).
 //!
 //! `exp` is Cephes' single-precision polynomial (within 2 ulp of the correctly rounded
 //! value over the range used; libm's `expf` is within 1), evaluated 8 lanes at a time with
@@ -8,6 +9,15 @@
 //! where in a slice it sits (batch independence holds bit for bit).
 
 use crate::kernels::avx2;
+
+/// `y += a·x`. A plain multiply and add, which the compiler vectorises; `f32::mul_add`
+/// would become a libm call per element on builds without the `fma` target feature.
+#[inline]
+pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    for (yv, xv) in y.iter_mut().zip(x) {
+        *yv += a * xv;
+    }
+}
 
 // Cephes expf: exp(x) = 2^n · p(r), r = x - n·ln2 split in two constants.
 const EXP_HI: f32 = 88.376_26;

@@ -7,14 +7,38 @@
 //! `raise_exception` and `strftime_now`; templates also call Python string methods, which
 //! minijinja-contrib's pycompat callback supplies.
 
-use super::tools::{arguments_as_mapping, ToolSpec};
-use super::ChatMessage;
+use super::tools::{arguments_as_mapping, ToolCall, ToolSpec};
 use crate::error::{Error, Result};
 use minijinja::value::Kwargs;
 use minijinja::value::ValueKind;
 use minijinja::{Environment, ErrorKind, Value};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+
+/// One message of a conversation, as the chat template renders it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+    /// assistant: the tool calls it made.
+    pub tool_calls: Vec<ToolCall>,
+    /// tool: the call this message answers.
+    pub tool_call_id: Option<String>,
+    /// tool: the called function's name.
+    pub name: Option<String>,
+    /// assistant: its reasoning, for templates that show it again.
+    pub reasoning_content: Option<String>,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+            ..Default::default()
+        }
+    }
+}
 
 const NAME: &str = "chat_template";
 

@@ -19,6 +19,7 @@ pub mod container;
 pub mod convert;
 pub mod error;
 pub mod experts;
+pub mod format;
 pub mod generate;
 pub mod kernels;
 pub mod kv;

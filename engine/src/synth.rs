@@ -9,8 +9,8 @@
 
 use crate::convert::{write_atomic, write_part, Item, Progress, Source};
 use crate::error::{Error, Result};
+use crate::format::{ScaleType, WeightFormat};
 use crate::quant::Packed;
-use crate::tensor::{ScaleType, WeightFormat};
 use serde_json::json;
 use std::path::PathBuf;
 

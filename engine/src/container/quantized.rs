@@ -11,7 +11,8 @@
 
 use super::{DType, TensorRef};
 use crate::error::{Error, Result};
-use crate::tensor::{Blob, ScaleType, WeightFormat};
+use crate::format::{ScaleType, WeightFormat};
+use crate::tensor::Blob;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;

@@ -18,7 +18,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::{scalar, Input, Packing, Q8Row, Weights, QBLOCK, TILE};
-use crate::tensor::{ScaleType, WeightFormat};
+use crate::format::{ScaleType, WeightFormat};
 use std::arch::x86_64::*;
 
 /// Bytes ahead of the current weight position to prefetch. The hot loops carry enough

@@ -16,7 +16,7 @@
 //! Q6_K head llama.cpp gives its Q4_0 models.
 
 use super::{matmul::Weights, scalar, Act, Level, Q8Act, QBLOCK};
-use crate::tensor::WeightFormat;
+use crate::format::WeightFormat;
 
 /// Blocks of one step: one vector of int32 sums.
 const STEP_BLOCKS: usize = 8;
@@ -137,7 +137,7 @@ mod simd {
     use super::super::avx2::{prefetch, prefetch_l2};
     use super::super::{matmul::Weights, scalar, Q8Act, QBLOCK};
     use super::{STEP, STEP_BLOCKS};
-    use crate::tensor::{ScaleType, WeightFormat};
+    use crate::format::{ScaleType, WeightFormat};
     use std::arch::x86_64::*;
 
     /// Rows ahead the loop prefetches into L1 and into L2 (the same place that many rows on,
@@ -401,7 +401,7 @@ mod simd {
 mod tests {
     use super::super::{decode_row, prepare, scalar};
     use super::*;
-    use crate::tensor::ScaleType;
+    use crate::format::ScaleType;
 
     use super::super::tests::Rng;
 

@@ -15,7 +15,7 @@
 //! integers per 32-element block.
 
 use super::{scalar, Act, Level};
-use crate::tensor::WeightFormat;
+use crate::format::WeightFormat;
 
 /// Elements per int3 group and the bytes one group takes.
 pub const I3_GROUP: usize = 64;
@@ -107,7 +107,7 @@ pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 
 mod avx2 {
     use super::super::{scalar, Act, Q8Act, QBLOCK};
     use super::{i2p_code, i3_code, I3_GROUP_BYTES};
-    use crate::tensor::WeightFormat;
+    use crate::format::WeightFormat;
     use std::arch::x86_64::*;
 
     const PREFETCH: usize = 2048;

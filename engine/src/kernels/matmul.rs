@@ -3,7 +3,7 @@
 //! run as one parallel region.
 
 use super::{level, q8_supported, team, Input, Level};
-use crate::tensor::WeightFormat;
+use crate::format::WeightFormat;
 
 /// A weight matrix as the kernels see it: `rows` packed rows of `cols` elements and their
 /// scales, and whether its activations are quantized to int8.

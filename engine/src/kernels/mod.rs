@@ -33,21 +33,13 @@ mod neon;
 mod matmul;
 pub mod team;
 
-use crate::tensor::WeightFormat;
+use crate::format::WeightFormat;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+pub use crate::format::{block_range, QBLOCK};
 pub use matmul::{matmul, matmul_each, matmul_many, Weights};
 pub use scalar::dot_f32 as dot_f32_scalar;
-
-/// Elements per activation-quantization block (and per int2 packing block).
-pub const QBLOCK: usize = 32;
-
-/// Elements `b*32 .. min((b+1)*32, cols)`.
-#[inline]
-pub fn block_range(b: usize, cols: usize) -> std::ops::Range<usize> {
-    b * QBLOCK..((b + 1) * QBLOCK).min(cols)
-}
 
 /// Which kernel family runs on this machine.
 ///

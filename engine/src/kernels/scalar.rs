@@ -2,7 +2,7 @@
 //! tests compare against them) and they are the fallback where no SIMD path applies.
 
 use super::{block_range, Act, ActRow, Q8View, QBLOCK};
-use crate::tensor::{ScaleType, WeightFormat};
+use crate::format::{ScaleType, WeightFormat};
 
 /// Multi-accumulator f32 dot product (the compiler vectorises it).
 #[inline]

@@ -7,8 +7,8 @@
 pub mod eval;
 pub mod lowbit;
 
+use crate::format::{ScaleType, WeightFormat};
 use crate::kernels::QBLOCK;
-use crate::tensor::{ScaleType, WeightFormat};
 use rayon::prelude::*;
 
 /// A quantized matrix: packed rows back to back, then its scales (`rows × groups`).

@@ -250,7 +250,7 @@ pub(super) fn write(
     // The tokenizer first: a vocabulary it cannot hold fails before gigabytes are written.
     let tok = tokenizer_json(vocab, &specials)?;
     let hidden = cfg["hidden_size"].as_u64().unwrap_or(1) as f32;
-    let bf16 = crate::tensor::WeightFormat::BF16;
+    let bf16 = crate::format::WeightFormat::BF16;
     let items: Vec<Item<'static>> = super::tensors(cfg)?
         .into_iter()
         .map(|(name, shape)| super::random_item(name, shape, seed, bf16, bf16, hidden))

@@ -1,0 +1,7 @@
+//! The ground floor: the vocabulary of weight formats and the byte layouts that both the
+//! kernels and the quantizers (and the containers above them) read and write. It imports
+//! nothing of the crate: every other module may import it.
+
+mod weight;
+
+pub use weight::{block_range, ScaleType, WeightFormat, QBLOCK};

@@ -26,7 +26,6 @@ pub mod kv;
 pub mod model;
 pub mod perplexity;
 pub mod quant;
-pub mod rows8;
 pub mod sample;
 pub mod speculative;
 pub mod structured;
@@ -35,6 +34,8 @@ pub mod tensor;
 pub mod text;
 
 pub use error::{Error, Result};
+// The int4-rows8 layout's old path (it lives with the other formats now).
+pub use format::rows8;
 pub use generate::{FinishReason, GenerateRequest, Generation, StepEvent};
 pub use kv::KvCache;
 pub use model::{LogitsWanted, Model, ModelInfo, SeqStep};

@@ -202,7 +202,7 @@ impl Matrix {
         let mut c = vec![0u8; self.format.row_bytes(self.cols)];
         let mut s = vec![0u8; self.format.scale_row_bytes(self.cols)];
         let scales = self.scales.as_ref().map_or(&[][..], |s| s.bytes());
-        crate::rows8::gather_row(
+        crate::format::rows8::gather_row(
             self.format,
             self.cols,
             self.data.bytes(),
@@ -240,7 +240,7 @@ impl Matrix {
             return self.clone();
         }
         let scales = self.scales.as_ref().map_or(&[][..], |s| s.bytes());
-        let (c, s) = crate::rows8::deinterleave(
+        let (c, s) = crate::format::rows8::deinterleave(
             self.format,
             self.rows,
             self.cols,

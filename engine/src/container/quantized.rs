@@ -106,7 +106,8 @@ impl TensorRecord {
             },
             "int4-rows8" => {
                 let (group, scale) = (group()?, scale()?);
-                let fits = matches!(self.shape[..], [r, c] if crate::rows8::fits(r, c, group));
+                let fits =
+                    matches!(self.shape[..], [r, c] if crate::format::rows8::fits(r, c, group));
                 if !fits {
                     return Err(format!(
                         "int4-rows8 needs groups of 32 or 64, rows a multiple of 8 and \
@@ -307,7 +308,7 @@ impl QuantAttach {
             return self.same_shape(t, (r, c), rows, cols).map(|_| f);
         }
         let f = self.decide(t, rows, cols)?;
-        if !self.repack || crate::rows8::for_shape(f, rows, cols) == f {
+        if !self.repack || crate::format::rows8::for_shape(f, rows, cols) == f {
             return Ok(f);
         }
         // One load rearranges the bytes; any other waits for it and reads the result.
@@ -384,7 +385,7 @@ impl QuantAttach {
                 std::slice::from_raw_parts_mut(sp, s1 - s0),
             )
         };
-        let r8 = crate::rows8::interleave_in_place(format, rows, cols, codes, scales);
+        let r8 = crate::format::rows8::interleave_in_place(format, rows, cols, codes, scales);
         t.file.mark_repacked(t.start);
         r8
     }

@@ -216,7 +216,7 @@ unsafe fn run_rows_interleaved(
     let mut codes = vec![0u8; f.row_bytes(w.cols)];
     let mut scales = vec![0u8; f.scale_row_bytes(w.cols)];
     for r in rows {
-        crate::rows8::gather_row(
+        crate::format::rows8::gather_row(
             w.format,
             w.cols,
             w.data,

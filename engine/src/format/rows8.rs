@@ -16,7 +16,7 @@
 //! Both hold the same bytes as [`WeightFormat::I4`], only moved, so every product is the
 //! same; rows are taken out with [`gather_row`] where a kernel wants one row.
 
-use crate::format::WeightFormat;
+use super::WeightFormat;
 
 /// Rows per interleaved group.
 pub const ROWS: usize = 8;

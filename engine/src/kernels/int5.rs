@@ -4,7 +4,7 @@
 //! multiply per 8 blocks. The activations are put in the same order once per token
 //! ([`order_q8`]).
 
-use super::{matmul::Weights, scalar, Act, Level, Q8Act};
+use super::{scalar, Act, Level, Q8Act, Weights};
 use crate::format::int5::{place, STEP};
 use crate::format::WeightFormat;
 
@@ -79,7 +79,7 @@ pub(super) unsafe fn matmul_rows(
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::super::avx2::{prefetch, prefetch_l2};
-    use super::super::{matmul::Weights, scalar, Q8Act, QBLOCK};
+    use super::super::{scalar, Q8Act, Weights, QBLOCK};
     use crate::format::int5::{STEP, STEP_BLOCKS};
     use crate::format::{ScaleType, WeightFormat};
     use std::arch::x86_64::*;

@@ -4,8 +4,7 @@
 //! Storage is borrowed from the memory map where possible so a bf16 checkpoint costs its
 //! file size in RAM, not twice that in f32.
 
-use crate::container::{DType, MappedFile, TensorRef};
-use crate::error::Result;
+use crate::container::MappedFile;
 use crate::kernels;
 use std::sync::Arc;
 
@@ -69,53 +68,6 @@ impl std::fmt::Debug for Matrix {
 }
 
 impl Matrix {
-    /// A `[rows, cols]` weight, borrowed from its memory map: f32/bf16/f16 as stored, or a
-    /// quantized tensor of a converted container (its format and scales attached by the
-    /// container loader, see [`crate::container::QuantAttach`]).
-    pub fn from_tensor(t: &TensorRef, rows: usize, cols: usize) -> Result<Matrix> {
-        if let Some(q) = &t.quant {
-            let format = q.format_for(t, rows, cols)?;
-            let mut m = Matrix::quantized(
-                rows,
-                cols,
-                format,
-                Blob::Mapped {
-                    file: t.file.clone(),
-                    start: t.start,
-                    end: t.end,
-                },
-                q.scales.clone(),
-            )
-            .map_err(|msg| t.bad(msg))?;
-            m.int8_act = kernels::int8_act_for(format) && kernels::q8_supported(format, cols);
-            return Ok(m);
-        }
-        t.expect_shape(&[rows, cols])?;
-        let format = match t.dtype {
-            DType::F32 => WeightFormat::F32,
-            DType::BF16 => WeightFormat::BF16,
-            DType::F16 => WeightFormat::F16,
-            other => {
-                return Err(t.bad(format!(
-                    "dtype {} is not a dense weight format (f32, bf16, f16)",
-                    other.name()
-                )))
-            }
-        };
-        Ok(Matrix {
-            rows,
-            cols,
-            format,
-            data: Blob::Mapped {
-                file: t.file.clone(),
-                start: t.start,
-                end: t.end,
-            },
-            scales: None,
-            int8_act: false,
-        })
-    }
-
     /// A matrix in any format from its packed bytes, checking both sizes (the message says
     /// which is wrong; callers wrap it in an error naming file and tensor).
     pub fn quantized(

@@ -9,7 +9,7 @@
 //! format follows from the byte counts and the shape the model's config asks for, which
 //! [`QuantAttach::format_for`] decides when the family loads the matrix.
 
-use super::{DType, TensorRef};
+use super::{DType, QuantAttach, TensorRef};
 use crate::error::{Error, Result};
 use crate::format::{ScaleType, WeightFormat};
 use crate::tensor::Blob;
@@ -275,27 +275,6 @@ pub fn parse_container_meta(
         tensors,
         experts,
     }))
-}
-
-/// Storage of a tensor that is not a plain f32/bf16/f16 array, attached by the loader.
-#[derive(Clone, Debug)]
-pub struct QuantAttach {
-    /// `Some` for a converted container (from its record); `None` for the C layout, whose
-    /// format follows from the shape the config asks for.
-    pub format: Option<WeightFormat>,
-    /// Logical shape from the record (C layout: empty).
-    pub shape: Vec<usize>,
-    pub scales: Option<Blob>,
-    /// Number of scale values (C layout).
-    pub scale_count: usize,
-    /// A routed expert's weight (int8 activations may apply, see `kernels`).
-    pub routed_expert: bool,
-    /// Row-major int4 of a shape the 8-row kernels take may be rearranged into `int4-rows8`
-    /// where it lies (its codes and scales are in a RAM copy, `COLIBRI_REPACK` is not 0, it
-    /// is not a routed expert that will be streamed). Decided when the folder is opened.
-    pub repack: bool,
-    /// Once rearranged: the `[rows, cols]` it was loaded as and its format since.
-    repacked: std::sync::OnceLock<(usize, usize, WeightFormat)>,
 }
 
 impl QuantAttach {

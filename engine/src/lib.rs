@@ -2,6 +2,7 @@
 //!
 //! Map (see ARCHITECTURE.md for more):
 //! - [`container`]: opening Hub checkpoint folders; safetensors header/index validation.
+//! - [`format`]: the weight formats and their byte layouts, the ground floor below everything.
 //! - [`tensor`] and [`kernels`]: weight matrices and the dot/matmul kernels over them.
 //! - [`arch`]: one file per model family plus the shared blocks (norms, RoPE, attention, MoE).
 //! - [`kv`]: per-sequence KV caches.

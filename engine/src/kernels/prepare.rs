@@ -6,7 +6,9 @@ use super::avx2;
 use super::input::{
     Act, ActRow, F32Panel, Input, Packing, Q8Act, Q8I4Panel, Q8Panel, Q8Row, Q8Rows,
 };
-use super::isa::{bf16_act, level, Level};
+#[cfg(target_arch = "x86_64")]
+use super::isa::Level;
+use super::isa::{bf16_act, level};
 use super::policy::{q8_supported, tiled};
 use super::{int5, lowbit, scalar};
 use crate::format::{WeightFormat, QBLOCK};

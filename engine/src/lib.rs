@@ -2,6 +2,7 @@
 //!
 //! Map (see ARCHITECTURE.md for more):
 //! - [`container`]: opening Hub checkpoint folders; safetensors header/index validation.
+//! - [`format`]: the weight formats and their byte layouts, the ground floor below everything.
 //! - [`tensor`] and [`kernels`]: weight matrices and the dot/matmul kernels over them.
 //! - [`arch`]: one file per model family plus the shared blocks (norms, RoPE, attention, MoE).
 //! - [`kv`]: per-sequence KV caches.
@@ -19,13 +20,13 @@ pub mod container;
 pub mod convert;
 pub mod error;
 pub mod experts;
+pub mod format;
 pub mod generate;
 pub mod kernels;
 pub mod kv;
 pub mod model;
 pub mod perplexity;
 pub mod quant;
-pub mod rows8;
 pub mod sample;
 pub mod speculative;
 pub mod structured;
@@ -34,6 +35,8 @@ pub mod tensor;
 pub mod text;
 
 pub use error::{Error, Result};
+// The int4-rows8 layout's old path (it lives with the other formats now).
+pub use format::rows8;
 pub use generate::{FinishReason, GenerateRequest, Generation, StepEvent};
 pub use kv::KvCache;
 pub use model::{LogitsWanted, Model, ModelInfo, SeqStep};

@@ -5,191 +5,29 @@
 //! parsed by the pure functions [`parse_safetensors_header`] and [`parse_index`] (the fuzz
 //! targets call them directly); a bad file is a typed error naming the file and tensor.
 
+mod mapped;
 mod quantized;
 mod safetensors_file;
+mod tensor_ref;
 
+pub use mapped::MappedFile;
 pub use quantized::{
     c_layout_format, is_routed_expert, parse_container_meta, split_merged_expert, ContainerMeta,
-    ExpertExtent, QuantAttach, TensorRecord, EXPERT_ALIGN, FORMAT_VERSION, KEY_EXPERTS,
-    KEY_TENSORS, KEY_VERSION, MERGED_WEIGHT, PAD_PREFIX, SCALES_SUFFIX,
+    ExpertExtent, TensorRecord, EXPERT_ALIGN, FORMAT_VERSION, KEY_EXPERTS, KEY_TENSORS,
+    KEY_VERSION, MERGED_WEIGHT, PAD_PREFIX, SCALES_SUFFIX,
 };
+pub use tensor_ref::{QuantAttach, TensorRef};
 
 pub use safetensors_file::{
     parse_index, parse_safetensors_header, DType, HeaderEntry, ParsedHeader,
 };
 
 use crate::error::{Error, Result};
+use mapped::{into_ram, FileBytes};
 use memmap2::Mmap;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// One memory-mapped safetensors file, validated.
-pub struct MappedFile {
-    pub path: PathBuf,
-    bytes: FileBytes,
-    /// The `__metadata__` map of the header (format versions, quantisation records).
-    pub metadata: BTreeMap<String, String>,
-    /// Starts of the tensors rearranged in the RAM copy at load (int4 interleaved by 8 rows,
-    /// [`crate::rows8`]): their bytes differ from the file's.
-    repacked: std::sync::Mutex<std::collections::HashSet<usize>>,
-}
-
-/// Where a [`MappedFile`]'s bytes are.
-enum FileBytes {
-    /// The file, memory-mapped read-only.
-    Mapped(Mmap),
-    /// Copied into anonymous memory ([`WeightsIn`]), which stays writable so the loader can
-    /// rearrange a tensor in place (`MappedFile::ram_ptr`).
-    Ram(RamCopy),
-}
-
-/// An anonymous mapping and the pointer its bytes are read and (once per tensor, at load)
-/// written through.
-struct RamCopy {
-    _map: memmap2::MmapMut,
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the pointer is the mapping's own, alive as long as `_map`; writes through it
-// follow the contract of `MappedFile::ram_ptr`.
-unsafe impl Send for RamCopy {}
-unsafe impl Sync for RamCopy {}
-
-impl MappedFile {
-    pub fn bytes(&self) -> &[u8] {
-        match &self.bytes {
-            FileBytes::Mapped(m) => m,
-            // SAFETY: `ptr` and `len` are the live mapping's.
-            FileBytes::Ram(r) => unsafe { std::slice::from_raw_parts(r.ptr, r.len) },
-        }
-    }
-
-    /// Bytes `start..end` (a slice of that range alone: a RAM copy's other tensors may be
-    /// rearranged meanwhile, see `ram_ptr`).
-    #[inline]
-    pub fn range(&self, start: usize, end: usize) -> &[u8] {
-        match &self.bytes {
-            FileBytes::Mapped(m) => &m[start..end],
-            FileBytes::Ram(r) => {
-                assert!(
-                    start <= end && end <= r.len,
-                    "range {start}..{end} of {}",
-                    r.len
-                );
-                // SAFETY: inside the live mapping (checked).
-                unsafe { std::slice::from_raw_parts(r.ptr.add(start), end - start) }
-            }
-        }
-    }
-
-    /// Whether the bytes were copied into RAM ([`WeightsIn::Ram`], [`WeightsIn::Auto`]).
-    pub fn in_ram(&self) -> bool {
-        matches!(self.bytes, FileBytes::Ram(_))
-    }
-
-    /// A pointer to bytes `start..end` of a RAM copy, to rewrite them; `None` for a mapped
-    /// file. Writing through it is sound only while no other reference to these bytes is
-    /// alive or made: the loader rewrites a tensor once, before any matrix over it exists
-    /// (under the tensor's lock, `QuantAttach::format_for`).
-    pub(crate) fn ram_ptr(&self, start: usize, end: usize) -> Option<*mut u8> {
-        match &self.bytes {
-            FileBytes::Mapped(_) => None,
-            FileBytes::Ram(r) => {
-                assert!(
-                    start <= end && end <= r.len,
-                    "range {start}..{end} of {}",
-                    r.len
-                );
-                // SAFETY: inside the live mapping (checked).
-                Some(unsafe { r.ptr.add(start) })
-            }
-        }
-    }
-
-    /// Records that the tensor starting at `start` was rearranged in RAM.
-    pub(crate) fn mark_repacked(&self, start: usize) {
-        let mut v = self.repacked.lock().unwrap_or_else(|p| p.into_inner());
-        v.insert(start);
-    }
-
-    /// Whether the tensor starting at `start` was rearranged in RAM at load, so its bytes
-    /// in the file are in another layout (the expert cache reads the file).
-    pub fn repacked_at(&self, start: usize) -> bool {
-        let v = self.repacked.lock().unwrap_or_else(|p| p.into_inner());
-        v.contains(&start)
-    }
-}
-
-impl std::fmt::Debug for MappedFile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MappedFile")
-            .field("path", &self.path)
-            .finish()
-    }
-}
-
-/// A tensor inside a mapped file: dtype, shape and the absolute byte range, already checked
-/// to lie inside the file and to match `shape × dtype size`.
-#[derive(Clone, Debug)]
-pub struct TensorRef {
-    pub name: String,
-    pub dtype: DType,
-    pub shape: Vec<usize>,
-    pub file: Arc<MappedFile>,
-    pub start: usize,
-    pub end: usize,
-    /// Quantized storage (converted container or C layout); `None` for plain arrays.
-    pub quant: Option<Arc<QuantAttach>>,
-}
-
-impl TensorRef {
-    pub fn bytes(&self) -> &[u8] {
-        self.file.range(self.start, self.end)
-    }
-    pub fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
-    pub fn bad(&self, msg: impl Into<String>) -> Error {
-        Error::BadTensor {
-            file: self.file.path.clone(),
-            tensor: self.name.clone(),
-            msg: msg.into(),
-        }
-    }
-    /// Checks the shape (and that the dtype is one the dense f32 path can read).
-    pub fn expect_shape(&self, shape: &[usize]) -> Result<()> {
-        if self.shape != shape {
-            return Err(self.bad(format!(
-                "shape {:?} does not match the configuration, which needs {:?}",
-                self.shape, shape
-            )));
-        }
-        Ok(())
-    }
-    /// The tensor converted to f32 (for small vectors: norms, biases, router bias).
-    pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
-        let b = self.bytes();
-        Ok(match self.dtype {
-            DType::F32 => b
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            DType::BF16 => b
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            DType::F16 => b
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            other => {
-                return Err(self.bad(format!("dtype {other:?} where f32, bf16 or f16 is needed")))
-            }
-        })
-    }
-}
 
 /// A model directory: its config and every tensor of every shard, by name.
 pub struct Checkpoint {
@@ -280,31 +118,6 @@ fn ram_budget() -> u64 {
         }
     }
     room / 2
-}
-
-/// Bytes copied between two progress reports ([`Checkpoint::open_reporting`]).
-const COPY_REPORT_BYTES: usize = 64 << 20;
-
-/// `map`'s bytes copied into anonymous memory (in parallel, 4 MiB per task), `copied`
-/// told after every [`COPY_REPORT_BYTES`].
-fn into_ram(map: &Mmap, path: &Path, copied: &mut dyn FnMut(u64)) -> Result<RamCopy> {
-    use rayon::prelude::*;
-    let mut anon = memmap2::MmapMut::map_anon(map.len().max(1)).map_err(|e| Error::io(path, e))?;
-    for (dst, src) in anon[..map.len()]
-        .chunks_mut(COPY_REPORT_BYTES)
-        .zip(map.chunks(COPY_REPORT_BYTES))
-    {
-        dst.par_chunks_mut(4 << 20)
-            .zip(src.par_chunks(4 << 20))
-            .for_each(|(d, s)| d.copy_from_slice(s));
-        copied(src.len() as u64);
-    }
-    let ptr = anon.as_mut_ptr();
-    Ok(RamCopy {
-        _map: anon,
-        ptr,
-        len: map.len(),
-    })
 }
 
 /// Whether int4 matrices copied into RAM are rearranged into the 8-row interleaved layout

@@ -9,9 +9,10 @@
 //! format follows from the byte counts and the shape the model's config asks for, which
 //! [`QuantAttach::format_for`] decides when the family loads the matrix.
 
-use super::{DType, TensorRef};
+use super::{DType, QuantAttach, TensorRef};
 use crate::error::{Error, Result};
-use crate::tensor::{Blob, ScaleType, WeightFormat};
+use crate::format::{ScaleType, WeightFormat};
+use crate::tensor::Blob;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -105,7 +106,8 @@ impl TensorRecord {
             },
             "int4-rows8" => {
                 let (group, scale) = (group()?, scale()?);
-                let fits = matches!(self.shape[..], [r, c] if crate::rows8::fits(r, c, group));
+                let fits =
+                    matches!(self.shape[..], [r, c] if crate::format::rows8::fits(r, c, group));
                 if !fits {
                     return Err(format!(
                         "int4-rows8 needs groups of 32 or 64, rows a multiple of 8 and \
@@ -275,27 +277,6 @@ pub fn parse_container_meta(
     }))
 }
 
-/// Storage of a tensor that is not a plain f32/bf16/f16 array, attached by the loader.
-#[derive(Clone, Debug)]
-pub struct QuantAttach {
-    /// `Some` for a converted container (from its record); `None` for the C layout, whose
-    /// format follows from the shape the config asks for.
-    pub format: Option<WeightFormat>,
-    /// Logical shape from the record (C layout: empty).
-    pub shape: Vec<usize>,
-    pub scales: Option<Blob>,
-    /// Number of scale values (C layout).
-    pub scale_count: usize,
-    /// A routed expert's weight (int8 activations may apply, see `kernels`).
-    pub routed_expert: bool,
-    /// Row-major int4 of a shape the 8-row kernels take may be rearranged into `int4-rows8`
-    /// where it lies (its codes and scales are in a RAM copy, `COLIBRI_REPACK` is not 0, it
-    /// is not a routed expert that will be streamed). Decided when the folder is opened.
-    pub repack: bool,
-    /// Once rearranged: the `[rows, cols]` it was loaded as and its format since.
-    repacked: std::sync::OnceLock<(usize, usize, WeightFormat)>,
-}
-
 impl QuantAttach {
     /// The format of `t` loaded as a `[rows, cols]` matrix. Row-major int4 that
     /// [`crate::rows8::for_shape`] interleaves is rearranged in its RAM copy the first time
@@ -306,7 +287,7 @@ impl QuantAttach {
             return self.same_shape(t, (r, c), rows, cols).map(|_| f);
         }
         let f = self.decide(t, rows, cols)?;
-        if !self.repack || crate::rows8::for_shape(f, rows, cols) == f {
+        if !self.repack || crate::format::rows8::for_shape(f, rows, cols) == f {
             return Ok(f);
         }
         // One load rearranges the bytes; any other waits for it and reads the result.
@@ -383,7 +364,7 @@ impl QuantAttach {
                 std::slice::from_raw_parts_mut(sp, s1 - s0),
             )
         };
-        let r8 = crate::rows8::interleave_in_place(format, rows, cols, codes, scales);
+        let r8 = crate::format::rows8::interleave_in_place(format, rows, cols, codes, scales);
         t.file.mark_repacked(t.start);
         r8
     }

@@ -18,7 +18,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::{scalar, Input, Packing, Q8Row, Weights, QBLOCK, TILE};
-use crate::tensor::{ScaleType, WeightFormat};
+use crate::format::{ScaleType, WeightFormat};
 use std::arch::x86_64::*;
 
 /// Bytes ahead of the current weight position to prefetch. The hot loops carry enough
@@ -556,14 +556,6 @@ pub unsafe fn matmul_rows(
     ld: usize,
     vnni: bool,
 ) {
-    if w.format == WeightFormat::BF16 && !w.int8 && super::bf16_act() {
-        // bf16 activations on `vdpbf16ps` (opt-in, `COLIBRI_BF16_ACT=1`).
-        return super::avx512_bf16::matmul_rows(w, input, rows, out, ld);
-    }
-    if w.rows8 && super::avx2_rows8::serves(w) {
-        // int4-g32/g64 with int8 activations: 8 rows in the lanes, every token count.
-        return super::avx2_rows8::matmul_rows(w, input, rows, out, ld, vnni);
-    }
     let cols = w.cols;
     let n = input.n;
     let int8 = w.int8;

@@ -9,7 +9,7 @@
 
 use super::avx2::{hsum, prefetch, PREFETCH};
 use super::{scalar, Act, Q8Act, QBLOCK};
-use crate::tensor::{ScaleType, WeightFormat};
+use crate::format::{ScaleType, WeightFormat};
 use std::arch::x86_64::*;
 
 /// Scale `g` of a row; f16 through F16C (the portable conversion costs more than the

@@ -33,7 +33,7 @@
 
 use super::avx2::{prefetch, prefetch_l2, IntSums, Madd, Vnni, PREFETCH, PREFETCH_L2};
 use super::{Input, Packing, Weights, QBLOCK, TILE};
-use crate::tensor::{ScaleType, WeightFormat};
+use crate::format::{ScaleType, WeightFormat};
 use std::arch::x86_64::*;
 
 /// Rows per interleaved group (the lanes of a vector).

@@ -1,68 +1,12 @@
-//! int5 rows ([`WeightFormat::I5`]): code `c` in 0..32 meaning `(c - 16) * scale`.
-//!
-//! A row is two planes: the codes' low 4 bits (two per byte), then their high bits (eight
-//! per byte). Both are laid out per step of 8 blocks of 32 elements (256 elements) so that
-//! lane `b` of a vector of 8 int32 sums is block `b` ([`place`]): byte `4b + k` of a 32-byte
-//! word holds element `4u + k` of block `b` in its low nibble and element `16 + 4u + k` in
-//! its high nibble (word `u` of 4), and the 32 high bits of each of the 8 code vectors a
-//! step unpacks follow the same lanes. `vpdpbusd` (or `maddubs` + `madd`) then adds every
-//! product of a block into its own lane: no horizontal sums, no shuffles, one scale
+//! The int5 kernels ([`WeightFormat::I5`]; the codes' layout is `format/int5.rs`): a step's
+//! 8 blocks sit in the 8 lanes of the int32 sums, so `vpdpbusd` (or `maddubs` + `madd`) adds
+//! every product of a block into its own lane: no horizontal sums, no shuffles, one scale
 //! multiply per 8 blocks. The activations are put in the same order once per token
-//! ([`order_q8`]). Elements after the last whole step are stored plainly.
-//!
-//! Why a fifth bit: decode reads the whole output head for every token (16% of a lean
-//! OLMoE container's bytes). int4 there costs accuracy (docs/FORMAT.md); int5 with f16
-//! scales per 32 takes 5.5 bits a weight against grouped int8's 8.5, below the 6.56 of the
-//! Q6_K head llama.cpp gives its Q4_0 models.
+//! ([`order_q8`]).
 
-use super::{matmul::Weights, scalar, Act, Level, Q8Act, QBLOCK};
-use crate::tensor::WeightFormat;
-
-/// Blocks of one step: one vector of int32 sums.
-const STEP_BLOCKS: usize = 8;
-/// Elements of one step.
-pub const STEP: usize = STEP_BLOCKS * QBLOCK;
-
-/// Where element `j` of a row of `cols` lies: (byte of the nibble plane, whether it is the
-/// high nibble, position in the high-bit plane). In a whole step it is also the element's
-/// lane in the step's code vectors: `(position % 256)` = 32 × vector + 4 × block + k.
-#[inline(always)]
-pub fn place(j: usize, cols: usize) -> (usize, bool, usize) {
-    let whole = cols / STEP * STEP;
-    if j >= whole {
-        let t = j - whole;
-        return (whole / 2 + t / 2, t % 2 == 1, j);
-    }
-    let (s, e) = (j / STEP, j % STEP);
-    let (b, i) = (e / QBLOCK, e % QBLOCK);
-    let (half, u, k) = (i / 16, (i % 16) / 4, i % 4);
-    let byte = 128 * s + 32 * u + 4 * b + k;
-    let vector = 4 * half + u;
-    (byte, half == 1, STEP * s + 32 * vector + 4 * b + k)
-}
-
-/// The stored code (0..32) of element `j` of an int5 row of `cols` elements.
-#[inline(always)]
-pub fn code(w: &[u8], j: usize, cols: usize) -> u8 {
-    let (byte, high, bit) = place(j, cols);
-    let low = if high { w[byte] >> 4 } else { w[byte] & 0x0F };
-    let hi = (w[cols.div_ceil(2) + bit / 8] >> (bit % 8)) & 1;
-    low | (hi << 4)
-}
-
-/// Packs one row's codes (0..32), appending its nibble plane and then its high-bit plane.
-pub fn pack(codes: &[u8], out: &mut Vec<u8>) {
-    let cols = codes.len();
-    let start = out.len();
-    let nibbles = cols.div_ceil(2);
-    out.resize(start + nibbles + cols.div_ceil(8), 0);
-    let row = &mut out[start..];
-    for (j, c) in codes.iter().enumerate() {
-        let (byte, high, bit) = place(j, cols);
-        row[byte] |= if high { (c & 0x0F) << 4 } else { c & 0x0F };
-        row[nibbles + bit / 8] |= ((c >> 4) & 1) << (bit % 8);
-    }
-}
+use super::{scalar, Act, Level, Q8Act, Weights};
+use crate::format::int5::{place, STEP};
+use crate::format::WeightFormat;
 
 /// Puts int8 activations in the lanes of the codes ([`place`]): `qp[position(j)] = q[j]`
 /// over the whole steps (the rest is read in natural order by the reference).
@@ -135,9 +79,9 @@ pub(super) unsafe fn matmul_rows(
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::super::avx2::{prefetch, prefetch_l2};
-    use super::super::{matmul::Weights, scalar, Q8Act, QBLOCK};
-    use super::{STEP, STEP_BLOCKS};
-    use crate::tensor::{ScaleType, WeightFormat};
+    use super::super::{scalar, Q8Act, Weights, QBLOCK};
+    use crate::format::int5::{STEP, STEP_BLOCKS};
+    use crate::format::{ScaleType, WeightFormat};
     use std::arch::x86_64::*;
 
     /// Rows ahead the loop prefetches into L1 and into L2 (the same place that many rows on,
@@ -401,9 +345,11 @@ mod simd {
 mod tests {
     use super::super::{decode_row, prepare, scalar};
     use super::*;
-    use crate::tensor::ScaleType;
+    use crate::format::ScaleType;
 
     use super::super::tests::Rng;
+    use crate::format::int5::{code, pack};
+    use crate::format::QBLOCK;
 
     #[test]
     fn every_element_has_its_own_nibble_and_bit_and_a_step_puts_block_b_in_lane_b() {

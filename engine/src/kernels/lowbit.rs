@@ -9,63 +9,13 @@
 //!
 //! Both keep their 2-bit codes in the same plain order (element `j` of a run in bits
 //! `2(j%4)` of byte `j/4`). The scalar reference is `scalar::dot`/`scalar::dot_q8_blocks`
-//! over the codes decoded here; the AVX2 paths expand 32 codes at a time into natural order
+//! over the codes as `format/lowbit.rs` decodes them; the AVX2 paths expand 32 codes at a time into natural order
 //! (one byte each), so the activations need no reordering: f32 activations multiply the codes
 //! converted to f32, int8 activations go through `maddubs` with the code offset taken off in
 //! integers per 32-element block.
 
 use super::{scalar, Act, Level};
-use crate::tensor::WeightFormat;
-
-/// Elements per int3 group and the bytes one group takes.
-pub const I3_GROUP: usize = 64;
-pub const I3_GROUP_BYTES: usize = 24;
-
-/// The stored code (0..8) of element `j` of an int3-g64 row.
-#[inline(always)]
-pub fn i3_code(w: &[u8], j: usize) -> u8 {
-    let (base, e) = ((j / I3_GROUP) * I3_GROUP_BYTES, j % I3_GROUP);
-    let lo = (w[base + e / 4] >> (2 * (e % 4))) & 3;
-    let hi = (w[base + 16 + e / 8] >> (e % 8)) & 1;
-    lo | (hi << 2)
-}
-
-/// The stored code (0..4) of element `j` of a plain int2 row.
-#[inline(always)]
-pub fn i2p_code(w: &[u8], j: usize) -> u8 {
-    (w[j / 4] >> (2 * (j % 4))) & 3
-}
-
-/// Packs 2-bit codes plainly, four per byte, lowest bits first (appending).
-pub fn pack_plain2(codes: &[u8], out: &mut Vec<u8>) {
-    for quad in codes.chunks(4) {
-        let mut byte = 0u8;
-        for (i, c) in quad.iter().enumerate() {
-            byte |= (c & 3) << (2 * i);
-        }
-        out.push(byte);
-    }
-}
-
-/// Packs the int3 codes (0..8) of one row, groups of 64 padded with code 4 (value 0).
-pub fn pack_i3(codes: &[u8], out: &mut Vec<u8>) {
-    for group in codes.chunks(I3_GROUP) {
-        let mut c = [4u8; I3_GROUP];
-        c[..group.len()].copy_from_slice(group);
-        let start = out.len();
-        pack_plain2(&c, out);
-        debug_assert_eq!(out.len() - start, 16);
-        for eight in c.chunks(8) {
-            out.push(
-                eight
-                    .iter()
-                    .enumerate()
-                    .fold(0u8, |b, (i, v)| b | (((v >> 2) & 1) << i)),
-            );
-        }
-    }
-}
-
+use crate::format::WeightFormat;
 /// Puts int8 activations in the order the 2-bit planes unpack to, per 64-element chunk `c`
 /// (an int3 group; 16 bytes of int2): `qp[64c + 16k + m] = q[64c + 4m + k]` (a shift by
 /// `2k` and a mask give element `4m + k` of byte `m`). Per chunk, `d8` holds the activation
@@ -106,8 +56,8 @@ pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::super::{scalar, Act, Q8Act, QBLOCK};
-    use super::{i2p_code, i3_code, I3_GROUP_BYTES};
-    use crate::tensor::WeightFormat;
+    use crate::format::lowbit::{i2p_code, i3_code, I3_GROUP_BYTES};
+    use crate::format::WeightFormat;
     use std::arch::x86_64::*;
 
     const PREFETCH: usize = 2048;
@@ -325,6 +275,7 @@ mod avx2 {
 mod tests {
     use super::super::{decode_row, prepare, scalar};
     use super::*;
+    use crate::format::lowbit::{i2p_code, i3_code, pack_i3, pack_plain2};
 
     struct Rng(u64);
     impl Rng {

@@ -2,43 +2,9 @@
 //! several matrices that read the same input (q/k/v, gate/up), split into row ranges that
 //! run as one parallel region.
 
-use super::{level, q8_supported, team, Input, Level};
-use crate::tensor::WeightFormat;
-
-/// A weight matrix as the kernels see it: `rows` packed rows of `cols` elements and their
-/// scales, and whether its activations are quantized to int8.
-#[derive(Clone, Copy, Debug)]
-pub struct Weights<'a> {
-    pub format: WeightFormat,
-    pub rows: usize,
-    pub cols: usize,
-    pub data: &'a [u8],
-    pub scales: &'a [u8],
-    /// int8 activations (honoured where [`q8_supported`]).
-    pub int8: bool,
-    /// int4-g32/g64 with int8 activations on the 8-row kernels (`avx2_rows8.rs`, the scalar
-    /// reference's bits) rather than the row kernel and tiles of `avx2.rs` ([`super::int4_rows8`]).
-    pub rows8: bool,
-}
-
-impl Weights<'_> {
-    #[inline]
-    pub(super) fn row(&self, r: usize) -> &[u8] {
-        let b = self.format.row_bytes(self.cols);
-        &self.data[r * b..(r + 1) * b]
-    }
-
-    #[inline]
-    pub(super) fn srow(&self, r: usize) -> &[u8] {
-        let b = self.format.scale_row_bytes(self.cols);
-        &self.scales[r * b..(r + 1) * b]
-    }
-
-    /// Bytes of weights and scales.
-    fn bytes(&self) -> usize {
-        self.data.len() + self.scales.len()
-    }
-}
+use super::policy::tiled;
+use super::{level, q8_supported, team, Input, Level, Weights};
+use crate::format::WeightFormat;
 
 /// `out = input · wᵀ`: `out` is `input.n × w.rows`, row-major.
 pub fn matmul(w: &Weights, input: &Input, out: &mut [f32]) {
@@ -166,7 +132,16 @@ unsafe fn run_rows(
         // Avx512Vnni when avx512f/bw/vl/vnni are too); the input was prepared for this format
         // by `matmul_many`.
         l @ (Level::Avx2 | Level::Avx512Vnni) if tiled(w.format, w.cols) => {
-            super::avx2::matmul_rows(w, input, rows, out, ld, l == Level::Avx512Vnni)
+            let vnni = l == Level::Avx512Vnni;
+            if w.format == WeightFormat::BF16 && !w.int8 && super::bf16_act() {
+                // bf16 activations on `vdpbf16ps` (opt-in, `COLIBRI_BF16_ACT=1`).
+                return super::avx512_bf16::matmul_rows(w, input, rows, out, ld);
+            }
+            if w.rows8 && super::avx2_rows8::serves(w) {
+                // int4-g32/g64 with int8 activations: 8 rows in the lanes, every token count.
+                return super::avx2_rows8::matmul_rows(w, input, rows, out, ld, vnni);
+            }
+            super::avx2::matmul_rows(w, input, rows, out, ld, vnni)
         }
         _ => {
             // The per-row kernels, every row against each token prepared once for the
@@ -216,7 +191,7 @@ unsafe fn run_rows_interleaved(
     let mut codes = vec![0u8; f.row_bytes(w.cols)];
     let mut scales = vec![0u8; f.scale_row_bytes(w.cols)];
     for r in rows {
-        crate::rows8::gather_row(
+        crate::format::rows8::gather_row(
             w.format,
             w.cols,
             w.data,
@@ -229,16 +204,4 @@ unsafe fn run_rows_interleaved(
             *out.add(t * ld + r) = super::dot_act(f, &codes, &scales, a);
         }
     }
-}
-
-/// Whether `format` with rows of `cols` has register tiles (else its products run on the
-/// per-row kernels). The tiles take one scale per 32-element block or wider, so a group of a
-/// multiple of 32 or one group per row; the C layout's int4 with 16-element groups is not.
-pub(super) fn tiled(format: WeightFormat, cols: usize) -> bool {
-    !matches!(
-        format,
-        WeightFormat::I3G64 | WeightFormat::I2Plain | WeightFormat::I5 { .. }
-    ) && format
-        .group_len(cols)
-        .is_none_or(|g| g.is_multiple_of(super::QBLOCK) || g >= cols)
 }

@@ -2,7 +2,7 @@
 //! the scalar reference until they get their own.
 
 use super::{scalar, Act};
-use crate::tensor::{ScaleType, WeightFormat};
+use crate::format::{ScaleType, WeightFormat};
 use std::arch::aarch64::*;
 
 #[target_feature(enable = "neon")]

@@ -2,7 +2,7 @@
 //! tests compare against them) and they are the fallback where no SIMD path applies.
 
 use super::{block_range, Act, ActRow, Q8View, QBLOCK};
-use crate::tensor::{ScaleType, WeightFormat};
+use crate::format::{ScaleType, WeightFormat};
 
 /// Multi-accumulator f32 dot product (the compiler vectorises it).
 #[inline]
@@ -72,10 +72,10 @@ pub fn elem(format: WeightFormat, w: &[u8], j: usize, cols: usize) -> f32 {
         WeightFormat::F16 => half::f16::from_le_bytes([w[2 * j], w[2 * j + 1]]).to_f32(),
         WeightFormat::I8Row | WeightFormat::I8 { .. } => w[j] as i8 as f32,
         WeightFormat::I4 { .. } => i4_code(w, j) as f32 - 8.0,
-        WeightFormat::I5 { .. } => super::int5::code(w, j, cols) as f32 - 16.0,
+        WeightFormat::I5 { .. } => crate::format::int5::code(w, j, cols) as f32 - 16.0,
         WeightFormat::I2 { .. } => i2_code(w, j, cols) as f32 - 1.5,
-        WeightFormat::I3G64 => super::lowbit::i3_code(w, j) as f32 - 4.0,
-        WeightFormat::I2Plain => super::lowbit::i2p_code(w, j) as f32 - 2.0,
+        WeightFormat::I3G64 => crate::format::lowbit::i3_code(w, j) as f32 - 4.0,
+        WeightFormat::I2Plain => crate::format::lowbit::i2p_code(w, j) as f32 - 2.0,
         WeightFormat::I4Rows8 { .. } => {
             unreachable!("int4-rows8 rows are taken out as int4 first (rows8::gather_row)")
         }
@@ -169,17 +169,17 @@ pub fn dot_q8_blocks(
             }
             WeightFormat::I4 { .. } => r.map(|j| (i4_code(w, j) as i32 - 8) * q[j] as i32).sum(),
             WeightFormat::I5 { .. } => r
-                .map(|j| (super::int5::code(w, j, cols) as i32 - 16) * q[j] as i32)
+                .map(|j| (crate::format::int5::code(w, j, cols) as i32 - 16) * q[j] as i32)
                 .sum(),
             // (c - 1.5) * q summed as (2c - 3) * q / 2, exact in integers.
             WeightFormat::I2 { .. } => r
                 .map(|j| (2 * i2_code(w, j, cols) as i32 - 3) * q[j] as i32)
                 .sum(),
             WeightFormat::I3G64 => r
-                .map(|j| (super::lowbit::i3_code(w, j) as i32 - 4) * a.q()[j] as i32)
+                .map(|j| (crate::format::lowbit::i3_code(w, j) as i32 - 4) * a.q()[j] as i32)
                 .sum(),
             WeightFormat::I2Plain => r
-                .map(|j| (super::lowbit::i2p_code(w, j) as i32 - 2) * a.q()[j] as i32)
+                .map(|j| (crate::format::lowbit::i2p_code(w, j) as i32 - 2) * a.q()[j] as i32)
                 .sum(),
             _ => unreachable!("dot_q8 is only called for quantized formats"),
         };

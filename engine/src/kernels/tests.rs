@@ -2,6 +2,7 @@
 //! column counts, row counts and batch sizes included), random codes (every code value,
 //! e.g. int4's -8 and int8's -128) and random scales; batch independence bit for bit.
 
+use super::isa::requested;
 use super::*;
 use crate::tensor::{Blob, Matrix, ScaleType, WeightFormat};
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 //! A row quantized here has exactly the bytes the C converter writes for it
 //! (`tools/c_containers/cformats.py` is the reference these are tested against).
 
-use crate::kernels::lowbit::{pack_i3, pack_plain2, I3_GROUP};
+use crate::format::lowbit::{pack_i3, pack_plain2, I3_GROUP};
 
 fn scale_of(v: &[f32], qmax: f32) -> f32 {
     let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));

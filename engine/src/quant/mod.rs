@@ -7,8 +7,8 @@
 pub mod eval;
 pub mod lowbit;
 
-use crate::kernels::QBLOCK;
-use crate::tensor::{ScaleType, WeightFormat};
+use crate::format::QBLOCK;
+use crate::format::{ScaleType, WeightFormat};
 use rayon::prelude::*;
 
 /// A quantized matrix: packed rows back to back, then its scales (`rows × groups`).
@@ -214,7 +214,7 @@ pub fn quantize_row(format: WeightFormat, row: &[f32], data: &mut Vec<u8>, scale
             }
             match format {
                 WeightFormat::I4 { .. } => pack_i4(&codes, data),
-                WeightFormat::I5 { .. } => crate::kernels::int5::pack(&codes, data),
+                WeightFormat::I5 { .. } => crate::format::int5::pack(&codes, data),
                 _ => pack_i2(&codes, data),
             }
         }
@@ -236,7 +236,7 @@ pub fn quantize(format: WeightFormat, rows: usize, cols: usize, values: &[f32]) 
     if format.interleaved() {
         let f = format.row_major();
         let mut p = quantize(f, rows, cols, values);
-        crate::rows8::interleave_in_place(f, rows, cols, &mut p.data, &mut p.scales);
+        crate::format::rows8::interleave_in_place(f, rows, cols, &mut p.data, &mut p.scales);
         return p;
     }
     let parts: Vec<Packed> = values
@@ -263,7 +263,8 @@ pub fn quantize(format: WeightFormat, rows: usize, cols: usize, values: &[f32]) 
 /// Decodes a whole quantized matrix back to f32 (tests, error measurement).
 pub fn dequantize(format: WeightFormat, rows: usize, cols: usize, p: &Packed) -> Vec<f32> {
     if format.interleaved() {
-        let (data, scales) = crate::rows8::deinterleave(format, rows, cols, &p.data, &p.scales);
+        let (data, scales) =
+            crate::format::rows8::deinterleave(format, rows, cols, &p.data, &p.scales);
         return dequantize(format.row_major(), rows, cols, &Packed { data, scales });
     }
     let (rb, sb) = (format.row_bytes(cols), format.scale_row_bytes(cols));

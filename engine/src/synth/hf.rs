@@ -250,10 +250,10 @@ pub(super) fn write(
     // The tokenizer first: a vocabulary it cannot hold fails before gigabytes are written.
     let tok = tokenizer_json(vocab, &specials)?;
     let hidden = cfg["hidden_size"].as_u64().unwrap_or(1) as f32;
-    let bf16 = crate::tensor::WeightFormat::BF16;
-    let items: Vec<Item<'static>> = super::tensors(cfg)?
+    let bf16 = crate::format::WeightFormat::BF16;
+    let items: Vec<Item<'static>> = super::weights::tensors(cfg)?
         .into_iter()
-        .map(|(name, shape)| super::random_item(name, shape, seed, bf16, bf16, hidden))
+        .map(|(name, shape)| super::weights::random_item(name, shape, seed, bf16, bf16, hidden))
         .collect();
     let bytes = |it: &Item<'_>| it.shape.iter().product::<usize>() as u64 * 2;
     let mut shards: Vec<Vec<Item<'static>>> = vec![Vec::new()];

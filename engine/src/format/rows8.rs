@@ -16,7 +16,7 @@
 //! Both hold the same bytes as [`WeightFormat::I4`], only moved, so every product is the
 //! same; rows are taken out with [`gather_row`] where a kernel wants one row.
 
-use crate::tensor::WeightFormat;
+use super::WeightFormat;
 
 /// Rows per interleaved group.
 pub const ROWS: usize = 8;
@@ -197,7 +197,7 @@ pub fn deinterleave(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::ScaleType;
+    use crate::format::ScaleType;
 
     #[test]
     fn interleaving_moves_bytes_and_gathering_restores_them() {

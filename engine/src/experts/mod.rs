@@ -25,6 +25,7 @@ pub mod book;
 pub mod buf;
 pub mod hist;
 pub mod hooks;
+mod key;
 pub mod plan;
 pub mod policy;
 pub mod sim;
@@ -35,30 +36,9 @@ pub mod trace;
 pub use buf::{AlignedBuf, ExpertBuf};
 pub use hist::UsageHistogram;
 pub use hooks::{MoeHooks, RoutingObserver};
+pub use key::Key;
 pub use plan::MemoryPlan;
 pub use policy::{Access, Policy};
 pub use store::{ExpertSpec, ExpertStore, Extent, StoreConfig, StoreStats, Ticket};
 pub use stream::{StreamOptions, Streaming};
 pub use trace::Trace;
-
-/// One routed expert: its model layer index and its index within the layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Key {
-    pub layer: u32,
-    pub expert: u32,
-}
-
-impl Key {
-    pub fn new(layer: usize, expert: usize) -> Key {
-        Key {
-            layer: layer as u32,
-            expert: expert as u32,
-        }
-    }
-}
-
-impl std::fmt::Display for Key {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "L{}/E{}", self.layer, self.expert)
-    }
-}

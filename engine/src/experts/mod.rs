@@ -14,8 +14,9 @@
 //! - [`store`]: the cache itself, its reader threads and statistics.
 //! - [`hist`]: the per-model usage histogram (atomic writes, validated reads).
 //! - [`plan`]: where a model's bytes go and the default budget.
-//! - [`hooks`] and [`stream`]: what a MoE block consults (routing observer, expert top-p,
-//!   streamed experts, next-layer predictor) and [`stream::enable`], which installs them.
+//! - [`hooks`], [`streaming`] and [`stream`]: what a MoE block consults (routing observer,
+//!   expert top-p, streamed experts, next-layer predictor), the streaming state its blocks
+//!   share, and [`stream::enable`], which installs them in a network's MoE blocks.
 //!
 //! Invariant: nothing here changes what the model computes. Budget, policy, prefetch and
 //! reader count change only when bytes arrive; the bytes handed to the kernels are the ones

@@ -109,7 +109,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
                 budget: Some(mib << 20),
                 ..Default::default()
             };
-            let s = stream::enable(&mut model, &opts)?;
+            let s = stream::enable(&mut model.net, &model.info.dir, &opts)?;
             for w in &s.warnings {
                 eprintln!("warning: {w}");
             }

@@ -24,7 +24,7 @@ pub struct PlanArgs {
 pub fn plan(a: PlanArgs) -> anyhow::Result<()> {
     // Loading maps the files and validates every tensor; nothing is read into RAM.
     let model = Model::load(&a.model).with_context(|| format!("loading {}", a.model.display()))?;
-    let p = stream::plan(&model, a.expert_cache.map(|mb| mb << 20));
+    let p = stream::plan(&model.net, a.expert_cache.map(|mb| mb << 20));
     if a.json {
         return crate::output::print_json(&serde_json::json!({
             "resident_bytes": p.model.resident,

@@ -146,7 +146,7 @@ pub fn trace(global: &Global, a: TraceArgs) -> anyhow::Result<()> {
             eprintln!("note: prefetch is off while replaying a trace's routing (the model's router does not predict it)");
             opts.prefetch = false;
         }
-        let s = stream::enable(&mut model, &opts)?;
+        let s = stream::enable(&mut model.net, &model.info.dir, &opts)?;
         for w in &s.warnings {
             eprintln!("warning: {w}");
         }

@@ -312,7 +312,7 @@ impl Daemon {
                     state_dir: Some(self.state.root.clone()),
                     ..Default::default()
                 };
-                let s = stream::enable(&mut m, &opts)?;
+                let s = stream::enable(&mut m.net, &m.info.dir, &opts)?;
                 for w in &s.warnings {
                     tracing::warn!("{id}: {w}");
                 }

@@ -278,7 +278,7 @@ fn merged_olmoe_experts_load_and_stream_with_one_read_each() {
         readers: 1,
         ..Default::default()
     };
-    let streaming = stream::enable_with_plan(&mut s, &opts, plan).unwrap();
+    let streaming = stream::enable_with_plan(&mut s.net, &s.info.dir, &opts, plan).unwrap();
     assert_eq!(s.score(&ids).unwrap(), want);
     let st = streaming.stats();
     assert!(st.misses > 0);
@@ -570,7 +570,7 @@ fn c_layout_experts_stream_bit_identically() {
         readers: 2,
         ..Default::default()
     };
-    let streaming = stream::enable_with_plan(&mut s, &opts, plan).unwrap();
+    let streaming = stream::enable_with_plan(&mut s.net, &s.info.dir, &opts, plan).unwrap();
     assert_eq!(s.score(&ids).unwrap(), want);
     assert!(streaming.stats().misses > 0);
 }

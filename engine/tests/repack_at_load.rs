@@ -245,7 +245,7 @@ fn streamed_experts_read_the_files_layout() {
             preload: false,
             pins: Vec::new(),
         };
-        let s = stream::enable_with_plan(&mut m, &opts, plan).unwrap();
+        let s = stream::enable_with_plan(&mut m.net, &m.info.dir, &opts, plan).unwrap();
         assert_eq!(bits(&m, &ids), want, "streamed_experts {streamed_experts}");
         assert!(s.stats().requests > 0);
     }

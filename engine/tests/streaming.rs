@@ -95,7 +95,7 @@ fn stream_with(m: &mut Model, n_experts: u64, opts: StreamOptions) -> Arc<stream
         MemInfo::read(),
         Some(n_experts * bytes.expert_size),
     );
-    stream::enable_with_plan(m, &opts, plan).unwrap()
+    stream::enable_with_plan(&mut m.net, &m.info.dir, &opts, plan).unwrap()
 }
 
 fn opts(

@@ -44,12 +44,9 @@ pub struct Moe {
     pub hooks: crate::experts::MoeHooks,
 }
 
-/// One row's routing decision.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Route {
-    pub experts: Vec<usize>,
-    pub weights: Vec<f32>,
-}
+// One row's routing decision: defined beside the hooks that see it (`crate::experts` sits
+// below this block), named here too where the router makes it.
+pub use crate::experts::Route;
 
 /// Indices of the `k` largest values, largest first; the lower index wins ties.
 pub fn top_k_indices(v: &[f32], k: usize) -> Vec<usize> {

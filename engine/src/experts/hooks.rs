@@ -2,10 +2,8 @@
 //! `coli trace`), the lossy expert top-p, the streamed expert source and the predictor of the
 //! next layer's experts. All optional; a block without hooks runs exactly as before.
 
-use super::stream::Streaming;
-use crate::arch::blocks::RmsNorm;
-use crate::arch::moe::{Moe, Route};
-use std::collections::HashMap;
+use super::route::Route;
+use super::streaming::Streaming;
 use std::sync::Arc;
 
 /// Sees every MoE layer's routing decisions.
@@ -13,6 +11,16 @@ pub trait RoutingObserver: Send + Sync {
     /// `layer` is the model's layer index; `routes` has one entry per row of the step, after
     /// expert top-p when that is on (the experts actually applied).
     fn observe(&self, layer: usize, routes: &[Route]);
+}
+
+/// Predicts the next MoE layer's experts from this layer's post-attention state and reads
+/// them ahead. Implemented by [`super::stream::Predictor`], which runs the next layer's norm
+/// and router: a trait so these hooks sit below the MoE block they serve.
+pub trait LayerPredictor: Send + Sync {
+    /// The layer predicted.
+    fn layer(&self) -> usize;
+    /// Called with the residual stream `x` (`n` rows) after this layer's attention.
+    fn predict(&self, x: &[f32], n: usize);
 }
 
 /// Replaces the router's choices (benchmarks only: it changes outputs). A random-weight
@@ -34,7 +42,7 @@ pub struct MoeHooks {
     /// Routed experts come from the expert store instead of the memory map.
     pub stream: Option<Arc<Streaming>>,
     /// Predicts the next MoE layer's experts from this layer's post-attention state.
-    pub predictor: Option<Arc<Predictor>>,
+    pub predictor: Option<Arc<dyn LayerPredictor>>,
     /// Benchmarks only: routes come from here instead of the router (changes outputs).
     pub route_source: Option<Arc<dyn RouteSource>>,
 }
@@ -46,7 +54,7 @@ impl std::fmt::Debug for MoeHooks {
             .field("observer", &self.observer.is_some())
             .field("top_p", &self.top_p)
             .field("stream", &self.stream.is_some())
-            .field("predictor", &self.predictor.as_ref().map(|p| p.layer))
+            .field("predictor", &self.predictor.as_ref().map(|p| p.layer()))
             .field("route_source", &self.route_source.is_some())
             .finish()
     }
@@ -113,40 +121,6 @@ pub fn prune_top_p(r: &mut Route, p: f32) {
     }
     r.experts = experts;
     r.weights = weights;
-}
-
-/// Applies layer L+1's norm and router to the residual stream after layer L's attention and
-/// queues reads of the experts it picks, so they load while layer L's experts compute.
-/// Only the reads' timing depends on it, never the outputs.
-pub struct Predictor {
-    /// The layer predicted.
-    pub layer: usize,
-    pub norm: RmsNorm,
-    /// The predicted layer's router (its experts are not needed here).
-    pub router: Moe,
-    pub stream: Arc<Streaming>,
-}
-
-impl Predictor {
-    pub fn predict(&self, x: &[f32], n: usize) {
-        let h = self.norm.forward(x);
-        let routes = self.router.route(&h, n);
-        // Heaviest first (routing weight summed over the rows): when a prefill predicts more
-        // experts than the prefetch slots hold, the store keeps the likeliest.
-        let mut weight: HashMap<usize, f32> = HashMap::new();
-        for r in &routes {
-            for (&e, &w) in r.experts.iter().zip(&r.weights) {
-                *weight.entry(e).or_default() += w;
-            }
-        }
-        let mut ordered: Vec<(usize, f32)> = weight.into_iter().collect();
-        ordered.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        let ordered: Vec<usize> = ordered.into_iter().map(|(e, _)| e).collect();
-        self.stream.store.prefetch(self.layer, &ordered);
-        let mut set = ordered;
-        set.sort_unstable();
-        self.stream.record_prediction(self.layer, set);
-    }
 }
 
 #[cfg(test)]

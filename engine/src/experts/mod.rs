@@ -14,8 +14,9 @@
 //! - [`store`]: the cache itself, its reader threads and statistics.
 //! - [`hist`]: the per-model usage histogram (atomic writes, validated reads).
 //! - [`plan`]: where a model's bytes go and the default budget.
-//! - [`hooks`] and [`stream`]: what a MoE block consults (routing observer, expert top-p,
-//!   streamed experts, next-layer predictor) and [`stream::enable`], which installs them.
+//! - [`hooks`], [`streaming`] and [`stream`]: what a MoE block consults (routing observer,
+//!   expert top-p, streamed experts, next-layer predictor), the streaming state its blocks
+//!   share, and [`stream::enable`], which installs them in a network's MoE blocks.
 //!
 //! Invariant: nothing here changes what the model computes. Budget, policy, prefetch and
 //! reader count change only when bytes arrive; the bytes handed to the kernels are the ones
@@ -25,40 +26,24 @@ pub mod book;
 pub mod buf;
 pub mod hist;
 pub mod hooks;
+mod key;
 pub mod plan;
 pub mod policy;
+mod route;
 pub mod sim;
 pub mod store;
 pub mod stream;
+pub mod streaming;
 pub mod trace;
 
 pub use buf::{AlignedBuf, ExpertBuf};
 pub use hist::UsageHistogram;
 pub use hooks::{MoeHooks, RoutingObserver};
+pub use key::Key;
 pub use plan::MemoryPlan;
 pub use policy::{Access, Policy};
+pub use route::Route;
 pub use store::{ExpertSpec, ExpertStore, Extent, StoreConfig, StoreStats, Ticket};
-pub use stream::{StreamOptions, Streaming};
+pub use stream::StreamOptions;
+pub use streaming::Streaming;
 pub use trace::Trace;
-
-/// One routed expert: its model layer index and its index within the layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Key {
-    pub layer: u32,
-    pub expert: u32,
-}
-
-impl Key {
-    pub fn new(layer: usize, expert: usize) -> Key {
-        Key {
-            layer: layer as u32,
-            expert: expert as u32,
-        }
-    }
-}
-
-impl std::fmt::Display for Key {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "L{}/E{}", self.layer, self.expert)
-    }
-}

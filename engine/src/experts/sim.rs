@@ -104,7 +104,7 @@ pub struct SimOptions {
 /// row is routed to in the next layer, each is missed with probability `1 - recall`, the
 /// misses falling on the row's lightest experts, each replaced by a wrong expert of the same
 /// weight (a real predictor names `top_k` per row too). The predictions of a step's rows are merged heaviest first, as
-/// `experts::hooks::Predictor` does, and handed to the same [`CacheBook`] the store uses,
+/// `experts::stream::Predictor` does, and handed to the same [`CacheBook`] the store uses,
 /// so prefetch slots, their half-per-layer limit and the policy's room behave as live.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PrefetchModel {

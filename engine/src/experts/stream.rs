@@ -8,20 +8,21 @@
 //! bit-identical to the resident run whatever the budget, policy, prefetch or readers.
 
 use super::hist::{self, UsageHistogram};
-use super::hooks::{MoeHooks, Predictor};
+use super::hooks::{LayerPredictor, MoeHooks};
 use super::plan::{MemInfo, MemoryPlan, ModelBytes};
-use super::store::{ExpertSpec, ExpertStore, Extent, StoreConfig, StoreStats, Ticket};
-use super::{ExpertBuf, Key};
-use crate::arch::blocks::Mlp;
-use crate::arch::moe::{Moe, Route};
+use super::store::{ExpertSpec, ExpertStore, Extent, StoreConfig};
+use super::Key;
+use crate::arch::blocks::{Mlp, RmsNorm};
+use crate::arch::moe::Moe;
 use crate::arch::{Ffn, Network};
 use crate::error::{Error, Result};
-use crate::model::Model;
 use crate::tensor::{Blob, Matrix};
-use std::collections::{HashMap, VecDeque};
-use std::path::PathBuf;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+pub use super::streaming::Streaming;
 
 #[derive(Clone, Debug)]
 pub struct StreamOptions {
@@ -62,183 +63,45 @@ impl Default for StreamOptions {
     }
 }
 
-/// Save the histogram every this many tokens (and when the model is dropped).
-const AUTOSAVE_TOKENS: u64 = 256;
-
-/// The streaming state shared by every MoE block of one model.
-pub struct Streaming {
-    pub store: ExpertStore,
-    pub plan: MemoryPlan,
-    /// Things to tell the user (a damaged history set aside, no direct I/O, ...).
-    pub warnings: Vec<String>,
-    pub hist_path: Option<PathBuf>,
-    /// Reads of a layer's missing experts in flight at most (as many buffers as the
-    /// prefetch staging slots the memory plan counts, and never fewer than the readers).
-    window: usize,
-    /// The first MoE layer: its rows are counted as tokens.
-    first_layer: usize,
-    error: Mutex<Option<Error>>,
-    predictions: Mutex<HashMap<usize, Vec<usize>>>,
-    saved_at: AtomicU64,
-    idle_kv: AtomicU64,
+/// Applies layer L+1's norm and router to the residual stream after layer L's attention and
+/// queues reads of the experts it picks, so they load while layer L's experts compute.
+/// Only the reads' timing depends on it, never the outputs.
+pub struct Predictor {
+    /// The layer predicted.
+    pub layer: usize,
+    pub norm: RmsNorm,
+    /// The predicted layer's router (its experts are not needed here).
+    pub router: Moe,
+    pub stream: Arc<Streaming>,
 }
 
-impl Drop for Streaming {
-    fn drop(&mut self) {
-        let _ = self.save_histogram();
-    }
-}
-
-impl Streaming {
-    pub fn stats(&self) -> StoreStats {
-        self.store.stats()
+impl LayerPredictor for Predictor {
+    fn layer(&self) -> usize {
+        self.layer
     }
 
-    /// Tells the store how many bytes the KV caches of every sequence on this model hold
-    /// now; past half the plan's safety margin, they are taken from the expert cache
-    /// ([`ExpertStore::lend`]), so the process stays within budget + resident part + margin
-    /// however long the generation. Callers pass the total after each step.
-    pub fn set_kv_bytes(&self, total: u64) {
-        self.store.lend(total.saturating_sub(self.plan.margin / 2));
-    }
-
-    /// KV bytes of the sequences that stay in memory between steps without being stepped
-    /// (a daemon's idle sessions); [`Model::forward`](crate::Model::forward) adds the
-    /// stepped sequences' own and calls [`set_kv_bytes`](Self::set_kv_bytes).
-    pub fn set_idle_kv_bytes(&self, bytes: u64) {
-        self.idle_kv.store(bytes, Ordering::Relaxed);
-    }
-
-    /// Writes the usage histogram (when persisting).
-    pub fn save_histogram(&self) -> Result<()> {
-        match &self.hist_path {
-            Some(p) => self.store.save_histogram(p),
-            None => Ok(()),
-        }
-    }
-
-    /// The first read error of a forward pass since the last call, if any. A forward pass
-    /// that met one produced garbage and must be discarded.
-    pub fn take_error(&self) -> Option<Error> {
-        self.error.lock().unwrap_or_else(|e| e.into_inner()).take()
-    }
-
-    pub(crate) fn record_prediction(&self, layer: usize, set: Vec<usize>) {
-        self.predictions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(layer, set);
-    }
-
-    /// Scores the prediction made for `layer` (if any) against its routes.
-    pub(crate) fn check_prediction(&self, layer: usize, routes: &[Route]) {
-        let Some(pred) = self
-            .predictions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&layer)
-        else {
-            return;
-        };
-        let mut actual: Vec<usize> = routes
-            .iter()
-            .flat_map(|r| r.experts.iter().copied())
-            .collect();
-        actual.sort_unstable();
-        actual.dedup();
-        let correct = actual
-            .iter()
-            .filter(|e| pred.binary_search(e).is_ok())
-            .count();
-        self.store
-            .note_prediction(pred.len() as u64, correct as u64, actual.len() as u64);
-    }
-
-    /// The outputs of the experts of `layer` that rows are routed to (`by_expert[e]` lists
-    /// `(row, weight)`), in ascending expert order like the resident path (the caller sums
-    /// them in this order: the same bits as resident). Each expert is fetched once for all
-    /// the step's rows. The step's misses are requested first (up to `window` at a time,
-    /// topped up as they are consumed), so their reads are queued together and run while
-    /// the experts already in the cache are computed; then the others, in the order they
-    /// were asked for.
-    pub fn expert_outputs(
-        &self,
-        layer: usize,
-        templates: &[Mlp],
-        by_expert: &[Vec<(usize, f32)>],
-        h: &[f32],
-        hidden: usize,
-    ) -> Vec<(usize, Vec<f32>)> {
-        if layer == self.first_layer && hidden > 0 {
-            self.store.note_tokens((h.len() / hidden) as u64);
-            self.autosave();
-        }
-        let (cached, missing): (Vec<usize>, Vec<usize>) = (0..by_expert.len())
-            .filter(|&e| !by_expert[e].is_empty())
-            .partition(|&e| self.store.contains(Key::new(layer, e)));
-        let mut tickets: VecDeque<(usize, Result<Ticket>)> = VecDeque::new();
-        let mut next = 0;
-        let mut top_up = |tickets: &mut VecDeque<(usize, Result<Ticket>)>| {
-            while next < missing.len() && tickets.len() < self.window {
-                let e = missing[next];
-                tickets.push_back((e, self.store.request(Key::new(layer, e))));
-                next += 1;
-            }
-        };
-        top_up(&mut tickets);
-        let mut out = Vec::with_capacity(cached.len() + missing.len());
-        for &e in &cached {
-            let t = self.store.request(Key::new(layer, e));
-            out.push((e, self.compute(&templates[e], &by_expert[e], h, hidden, t)));
-        }
-        while let Some((e, t)) = tickets.pop_front() {
-            top_up(&mut tickets);
-            out.push((e, self.compute(&templates[e], &by_expert[e], h, hidden, t)));
-        }
-        out.sort_unstable_by_key(|(e, _)| *e);
-        out
-    }
-
-    /// One expert's output for its rows once its bytes are in (zeros and the error kept
-    /// for [`take_error`] when they cannot be read).
-    fn compute(
-        &self,
-        template: &Mlp,
-        rows: &[(usize, f32)],
-        h: &[f32],
-        hidden: usize,
-        ticket: Result<Ticket>,
-    ) -> Vec<f32> {
-        let mut x = Vec::with_capacity(rows.len() * hidden);
-        for &(r, _) in rows {
-            x.extend_from_slice(&h[r * hidden..(r + 1) * hidden]);
-        }
-        match ticket.and_then(|t| self.store.wait(t)) {
-            Ok(buf) => rebind(template, &buf).forward(&x, rows.len()),
-            Err(err) => {
-                let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
-                slot.get_or_insert(err);
-                vec![0f32; rows.len() * hidden]
+    fn predict(&self, x: &[f32], n: usize) {
+        let h = self.norm.forward(x);
+        let routes = self.router.route(&h, n);
+        // Heaviest first (routing weight summed over the rows): when a prefill predicts more
+        // experts than the prefetch slots hold, the store keeps the likeliest.
+        let mut weight: HashMap<usize, f32> = HashMap::new();
+        for r in &routes {
+            for (&e, &w) in r.experts.iter().zip(&r.weights) {
+                *weight.entry(e).or_default() += w;
             }
         }
-    }
-
-    fn autosave(&self) {
-        let t = self.store.tokens();
-        let last = self.saved_at.load(Ordering::Relaxed);
-        if t >= last + AUTOSAVE_TOKENS
-            && self
-                .saved_at
-                .compare_exchange(last, t, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            // A failed save (read-only state folder) must not stop generation.
-            let _ = self.save_histogram();
-        }
+        let mut ordered: Vec<(usize, f32)> = weight.into_iter().collect();
+        ordered.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let ordered: Vec<usize> = ordered.into_iter().map(|(e, _)| e).collect();
+        self.stream.store.prefetch(self.layer, &ordered);
+        let mut set = ordered;
+        set.sort_unstable();
+        self.stream.record_prediction(self.layer, set);
     }
 }
 
-/// The parts of an expert in the order [`rebind`] consumes them.
+/// The parts of an expert in the order `streaming::rebind` consumes them.
 fn matrices(m: &Mlp) -> [&Matrix; 3] {
     [&m.gate, &m.up, &m.down]
 }
@@ -247,45 +110,6 @@ fn matrices(m: &Mlp) -> [&Matrix; 3] {
 /// unless they are held in RAM (a merged expert's, see `container::split_merged_expert`).
 fn streamed_blobs(m: &Matrix) -> impl Iterator<Item = &Blob> {
     std::iter::once(&m.data).chain(m.scales.as_ref().filter(|s| !matches!(s, Blob::Owned(_))))
-}
-
-/// The expert's matrices pointing into `buf` (parts: each matrix's streamed blobs, gate, up,
-/// down); scales held in RAM stay as they are.
-fn rebind(t: &Mlp, buf: &Arc<ExpertBuf>) -> Mlp {
-    let mut i = 0;
-    let mut next = |b: &Blob| {
-        let r = buf.parts[i].clone();
-        i += 1;
-        debug_assert_eq!(r.len(), b.bytes().len());
-        Blob::Shared {
-            owner: buf.clone(),
-            start: r.start,
-            end: r.end,
-        }
-    };
-    let mut one = |m: &Matrix| {
-        let data = next(&m.data);
-        let scales = m.scales.as_ref().map(|s| match s {
-            Blob::Owned(_) => s.clone(),
-            _ => next(s),
-        });
-        // A matrix interleaved in RAM at load is read from its file in the file's layout.
-        let format = match &m.data {
-            Blob::Mapped { file, start, .. } if file.repacked_at(*start) => m.format.row_major(),
-            _ => m.format,
-        };
-        Matrix {
-            data,
-            scales,
-            format,
-            ..m.clone()
-        }
-    };
-    Mlp {
-        gate: one(&t.gate),
-        up: one(&t.up),
-        down: one(&t.down),
-    }
 }
 
 /// Where one expert's bytes are in the model files.
@@ -346,26 +170,27 @@ pub fn model_bytes(net: &Network) -> ModelBytes {
     }
 }
 
-/// The memory plan of a loaded model (what `coli plan` prints).
-pub fn plan(model: &Model, budget: Option<u64>) -> MemoryPlan {
-    MemoryPlan::new(model_bytes(&model.net), MemInfo::read(), budget)
+/// The memory plan of a loaded model's network (what `coli plan` prints).
+pub fn plan(net: &Network, budget: Option<u64>) -> MemoryPlan {
+    MemoryPlan::new(model_bytes(net), MemInfo::read(), budget)
 }
 
-/// Serves `model`'s routed experts from a budgeted store. Refuses (with the plan in the
+/// Serves the routed experts of `net` (the network of the model loaded from `model_dir`,
+/// which names its usage histogram) from a budgeted store. Refuses (with the plan in the
 /// error) a model whose resident part does not fit.
-pub fn enable(model: &mut Model, opts: &StreamOptions) -> Result<Arc<Streaming>> {
-    let plan = plan(model, opts.budget);
+pub fn enable(net: &mut Network, model_dir: &Path, opts: &StreamOptions) -> Result<Arc<Streaming>> {
+    let plan = plan(net, opts.budget);
     plan.check()?;
-    enable_with_plan(model, opts, plan)
+    enable_with_plan(net, model_dir, opts, plan)
 }
 
 /// [`enable`] with a plan made elsewhere (tests pin the budget whatever the machine has).
 pub fn enable_with_plan(
-    model: &mut Model,
+    net: &mut Network,
+    model_dir: &Path,
     opts: &StreamOptions,
     plan: MemoryPlan,
 ) -> Result<Arc<Streaming>> {
-    let net = &model.net;
     let mut files = Vec::new();
     let mut index = HashMap::new();
     let mut specs: Vec<Vec<ExpertSpec>> = Vec::with_capacity(net.layers.len());
@@ -411,7 +236,7 @@ pub fn enable_with_plan(
                 )
             })?,
         };
-        let path = hist::model_state_dir(&root, &model.info.dir).join(hist::FILE_NAME);
+        let path = hist::model_state_dir(&root, model_dir).join(hist::FILE_NAME);
         let loaded = UsageHistogram::load(&path, net.layers.len(), n_experts);
         warnings.extend(loaded.warning);
         (loaded.hist, Some(path), loaded.from_file)
@@ -449,7 +274,7 @@ pub fn enable_with_plan(
         idle_kv: AtomicU64::new(0),
     });
     // Predictors first (they clone the next layer's router and norm), then the hooks.
-    let mut predictors: HashMap<usize, Arc<Predictor>> = HashMap::new();
+    let mut predictors: HashMap<usize, Arc<dyn LayerPredictor>> = HashMap::new();
     if opts.prefetch {
         for w in moe_layers.windows(2) {
             let (l, next) = (w[0], w[1]);
@@ -474,7 +299,7 @@ pub fn enable_with_plan(
             }
         }
     }
-    for (li, l) in model.net.layers.iter_mut().enumerate() {
+    for (li, l) in net.layers.iter_mut().enumerate() {
         if let Ffn::Moe(m) = &mut l.ffn {
             m.hooks.layer = li;
             m.hooks.stream = Some(streaming.clone());
@@ -489,8 +314,8 @@ pub fn enable_with_plan(
 }
 
 /// Stops streaming: the blocks read their experts from the memory map again.
-pub fn disable(model: &mut Model) {
-    for l in model.net.layers.iter_mut() {
+pub fn disable(net: &mut Network) {
+    for l in net.layers.iter_mut() {
         if let Ffn::Moe(m) = &mut l.ffn {
             m.hooks.stream = None;
             m.hooks.predictor = None;

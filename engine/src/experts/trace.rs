@@ -8,7 +8,7 @@
 use super::hist::UsageHistogram;
 use super::hooks::RoutingObserver;
 use super::Key;
-use crate::arch::moe::Route;
+use super::Route;
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;

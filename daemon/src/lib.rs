@@ -10,11 +10,11 @@
 //! - [`scheduler`]: the engine thread: batched steps over all live generations.
 //! - [`prefix`]: the prefix cache (KV of earlier requests reused by later ones).
 //! - [`snapshot`] and [`state`]: session snapshots and other persisted files.
+//! - [`wire`]: the proto mapping (colibri.v1 fields ↔ engine types, engine errors → gRPC codes).
 //! - [`server`]: putting it together (health, reflection, signals, shutdown).
 //! - [`http`]: the OpenAI/Anthropic-compatible HTTP API, a translation onto [`service`].
 
 pub mod authority;
-pub mod convert;
 pub mod daemon;
 pub mod http;
 pub mod limits;
@@ -27,3 +27,4 @@ pub mod service;
 pub mod snapshot;
 pub mod state;
 pub mod transport;
+pub mod wire;

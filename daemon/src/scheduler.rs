@@ -12,12 +12,12 @@
 //! session: `tokens[..cache.len]` are exactly the positions in its cache; tokens after that
 //! (the last sampled token, or a prompt cut short by a cancel) are fed first next turn.
 
-use crate::convert::{self, now_unix_ms, status_from_engine};
 use crate::limits;
 use crate::pacer::PrefillPacer;
 use crate::prefix::{Policy, PrefixCache};
 use crate::snapshot::{self, SessionMeta, SnapshotError, SnapshotMessage};
 use crate::state::{self, StateDir};
+use crate::wire::{self, now_unix_ms, status_from_engine};
 use colibri_engine::experts::StoreStats;
 use colibri_engine::perplexity::{self, Perplexity};
 use colibri_engine::structured::{Constraint, GrammarCompiler, OutputFormat};
@@ -448,7 +448,7 @@ impl Engine {
             }
             Job::Score(s) => {
                 let check = if s.ids.is_empty() {
-                    Err(convert::invalid("ids", "is empty"))
+                    Err(wire::invalid("ids", "is empty"))
                 } else {
                     self.model
                         .check_tokens(0, &s.ids, "ids")
@@ -510,7 +510,7 @@ impl Engine {
                     .session(&id)
                     .map(|(s, from_disk)| pb::ResumeSessionResponse {
                         session: Some(session_info(&model_id, s)),
-                        messages: convert::pb_messages(&s.messages),
+                        messages: wire::pb_messages(&s.messages),
                         restored_from_disk: from_disk,
                     });
                 let _ = reply.send(r);
@@ -675,7 +675,7 @@ impl Engine {
         let x = &job.extras;
         let chat_input = matches!(job.input, GenInput::Chat(_));
         if !chat_input && !x.tools.is_empty() {
-            return Err(convert::invalid("tools", "are only for Chat requests"));
+            return Err(wire::invalid("tools", "are only for Chat requests"));
         }
         // Tools the model is shown (tool_choice none: not offered) and a forced call.
         let offered: &[ToolSpec] = if x.tool_choice == ToolChoice::None {
@@ -685,14 +685,14 @@ impl Engine {
         };
         let forced = match &x.tool_choice {
             ToolChoice::Required | ToolChoice::Named(_) if x.tools.is_empty() => {
-                return Err(convert::invalid(
+                return Err(wire::invalid(
                     "tool_choice",
                     "requires a call but no tools were given",
                 ))
             }
             ToolChoice::Named(n) => {
                 let t = x.tools.iter().find(|t| &t.name == n).ok_or_else(|| {
-                    convert::invalid("tool_choice.name", format!("no tool named '{n}'"))
+                    wire::invalid("tool_choice.name", format!("no tool named '{n}'"))
                 })?;
                 Some(vec![t.clone()])
             }
@@ -700,7 +700,7 @@ impl Engine {
             _ => None,
         };
         if forced.is_some() && x.response_format.is_some() {
-            return Err(convert::invalid(
+            return Err(wire::invalid(
                 "response_format",
                 "cannot be combined with a required or named tool_choice",
             ));
@@ -708,7 +708,7 @@ impl Engine {
         if !offered.is_empty() {
             let t = text()?;
             if t.tool_format().is_none() {
-                return Err(convert::invalid(
+                return Err(wire::invalid(
                     "tools",
                     format!(
                         "model {model_id} (model_type {}) has no tool-call syntax in its chat template, so it cannot be given tools",
@@ -722,7 +722,7 @@ impl Engine {
         // think block is closed first (the grammar covers the answer).
         let render = |msgs: &[ChatMessage]| -> Result<(Vec<u32>, String), Status> {
             if msgs.is_empty() {
-                return Err(convert::invalid("messages", "is empty"));
+                return Err(wire::invalid("messages", "is empty"));
             }
             let t = text()?;
             let mut rendered = t
@@ -849,7 +849,7 @@ impl Engine {
         let feed = full[base_len..].to_vec();
         if feed.is_empty() {
             self.give_back(&job.session_id, cache, mtp);
-            return Err(convert::invalid(
+            return Err(wire::invalid(
                 "prompt",
                 "is empty (and the session has no pending token to continue from)",
             ));
@@ -878,7 +878,7 @@ impl Engine {
                 self.give_back(&job.session_id, cache, mtp);
                 // Nothing can be generated: refused like a prompt past the context.
                 let (n, max) = (base_len + feed.len(), self.model.info.max_context);
-                return Err(convert::context_exceeded(if n > max {
+                return Err(wire::context_exceeded(if n > max {
                     format!("prompt of {n} tokens does not fit the context of {max} tokens")
                 } else {
                     format!("prompt of {n} tokens leaves no room to generate in the context of {max} tokens")
@@ -1255,7 +1255,7 @@ impl Engine {
                                     Some(t) => events
                                         .iter()
                                         .filter_map(|e| e.logprob.as_ref())
-                                        .map(|lp| convert::token_logprob(t, lp))
+                                        .map(|lp| wire::token_logprob(t, lp))
                                         .collect(),
                                     None => Vec::new(),
                                 };
@@ -1410,7 +1410,7 @@ impl Engine {
                     let expert_cache = match (&g.cache_at_admission, self.store_stats()) {
                         (Some((before, t0)), Some(after)) => {
                             let forward = self.forward_time.saturating_sub(*t0);
-                            Some(Box::new(convert::expert_cache_stats(
+                            Some(Box::new(wire::expert_cache_stats(
                                 &after.since(before),
                                 forward.as_secs_f64(),
                             )))
@@ -1447,7 +1447,7 @@ impl Engine {
                         }),
                     };
                     let summary = g.gen.reply_summary().cloned().unwrap_or_default();
-                    let mut reason = convert::finish_reason(reason);
+                    let mut reason = wire::finish_reason(reason);
                     if reason == pb::FinishReason::Eos && !summary.tool_calls.is_empty() {
                         reason = pb::FinishReason::ToolCalls;
                     }
@@ -1456,7 +1456,7 @@ impl Engine {
                             reason: reason as i32,
                             stats: Some(stats),
                             session_id: g.session.clone().unwrap_or_default(),
-                            tool_calls: convert::pb_tool_calls(&summary.tool_calls),
+                            tool_calls: wire::pb_tool_calls(&summary.tool_calls),
                             tool_call_incomplete: summary.incomplete_call,
                             stop_sequence: g.gen.matched_stop().unwrap_or_default().to_string(),
                         })),

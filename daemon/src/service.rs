@@ -2,10 +2,10 @@
 //! the engine threads (scheduler.rs). Tokenize/Detokenize use the model's tokenizer on
 //! tokio's blocking pool.
 
-use crate::convert::{self, status_from_engine};
 use crate::daemon::{check_session_id, memory_stats, Daemon, LoadState};
 use crate::limits;
 use crate::scheduler::{GenInput, GenJob, Job, PerplexityJob, ScoreJob};
+use crate::wire::{self, status_from_engine};
 use colibri_engine::experts::Key;
 use colibri_engine::model::LoadStage;
 use colibri_proto::v1 as pb;
@@ -66,7 +66,7 @@ impl Service {
         };
         if let Some(owner) = owner {
             if owner != h.id {
-                return Err(convert::invalid(
+                return Err(wire::invalid(
                     "session_id",
                     format!(
                         "session '{session_id}' belongs to model {owner}, not {}",
@@ -90,13 +90,13 @@ impl Service {
     ) -> Result<Response<BoxStream<pb::GenerateEvent>>, Status> {
         let arrived = Instant::now();
         let o = options.unwrap_or_default();
-        let extras = convert::gen_extras(&o, chat)?;
+        let extras = wire::gen_extras(&o, chat)?;
         let h = self.model_for(model, &session_id).await?;
         if let GenInput::Text { text, .. } = &input {
             limits::check_prompt_bytes(&h.model, text.len(), "prompt")?;
         }
         if o.request_id.len() > 128 {
-            return Err(convert::invalid(
+            return Err(wire::invalid(
                 "options.request_id",
                 "is longer than 128 bytes",
             ));
@@ -113,7 +113,7 @@ impl Service {
             input,
             max_tokens: o.max_tokens as usize,
             clamp_max_tokens: o.clamp_max_tokens,
-            sampling: convert::sampling(o.sampling.as_ref()),
+            sampling: wire::sampling(o.sampling.as_ref()),
             stop: o.stop,
             ignore_eos: o.ignore_eos,
             return_logits: o.return_logits,
@@ -281,7 +281,7 @@ impl Colibri for Service {
     ) -> Result<Response<Self::GenerateStream>, Status> {
         let req = req.into_inner();
         if !req.prompt_ids.is_empty() && !req.prompt_text.is_empty() {
-            return Err(convert::invalid(
+            return Err(wire::invalid(
                 "prompt_ids",
                 "set prompt_ids or prompt_text, not both",
             ));
@@ -306,12 +306,12 @@ impl Colibri for Service {
     ) -> Result<Response<Self::ChatStream>, Status> {
         let req = req.into_inner();
         if req.messages.is_empty() {
-            return Err(convert::invalid("messages", "is empty"));
+            return Err(wire::invalid("messages", "is empty"));
         }
         if let Some(i) = req.messages.iter().position(|m| m.role.is_empty()) {
-            return Err(convert::invalid(&format!("messages[{i}].role"), "is empty"));
+            return Err(wire::invalid(&format!("messages[{i}].role"), "is empty"));
         }
-        let input = GenInput::Chat(convert::chat_messages(&req.messages));
+        let input = GenInput::Chat(wire::chat_messages(&req.messages));
         self.start_generation(
             &req.model,
             req.session_id.clone(),
@@ -342,7 +342,7 @@ impl Colibri for Service {
                     rendered: String::new(),
                 })
             } else {
-                let msgs = convert::chat_messages(&req.messages);
+                let msgs = wire::chat_messages(&req.messages);
                 let (ids, rendered) = limits::encode_chat(text, &msgs, room, "messages")?;
                 Ok(pb::TokenizeResponse { ids, rendered })
             }
@@ -552,10 +552,7 @@ impl Colibri for Service {
     ) -> Result<Response<pb::CancelResponse>, Status> {
         let req = req.into_inner();
         if req.request_id.is_empty() && req.session_id.is_empty() {
-            return Err(convert::invalid(
-                "request_id",
-                "set request_id or session_id",
-            ));
+            return Err(wire::invalid("request_id", "set request_id or session_id"));
         }
         let mut cancelled = 0;
         for h in self.daemon.ready_models() {
@@ -607,7 +604,7 @@ impl Colibri for Service {
             let n = h.experts_per_layer.get(e.layer as usize).copied();
             match n {
                 None => {
-                    return Err(convert::invalid(
+                    return Err(wire::invalid(
                         &format!("experts[{i}].layer"),
                         format!(
                             "{} >= the model's {} layers",
@@ -617,13 +614,13 @@ impl Colibri for Service {
                     ))
                 }
                 Some(0) => {
-                    return Err(convert::invalid(
+                    return Err(wire::invalid(
                         &format!("experts[{i}].layer"),
                         format!("layer {} has no routed experts", e.layer),
                     ))
                 }
                 Some(n) if e.expert as usize >= n => {
-                    return Err(convert::invalid(
+                    return Err(wire::invalid(
                         &format!("experts[{i}].expert"),
                         format!("{} >= the {n} experts of layer {}", e.expert, e.layer),
                     ))

@@ -1,7 +1,7 @@
 //! The daemon's shared state: configuration, the loaded models (each with its engine
 //! thread), session discovery across models and disk, keep-alive, shutdown.
 
-use crate::scheduler::{Engine, EngineConfig, EngineShared, Job};
+use crate::scheduler::{EngineConfig, EngineShared, EngineThread, Job};
 use crate::snapshot::{self, SnapshotError};
 use crate::state::{self, StateDir};
 use crate::wire::{self, status_from_engine};
@@ -385,7 +385,7 @@ impl Daemon {
             .insert(id.clone(), Slot::Ready(Arc::clone(&handle)));
         let _ = tx.send(LoadState::Ready(handle));
         drop(tx);
-        let engine = Engine::new(
+        let engine = EngineThread::new(
             id.clone(),
             model,
             rx,

@@ -2,7 +2,7 @@
 //! the prefix cache.
 
 use super::rows::{Outcome, Row};
-use super::thread::Engine;
+use super::thread::EngineThread;
 use crate::wire::{self, now_unix_ms};
 use colibri_engine::text::{ChatMessage, ToolCall};
 use colibri_engine::{FinishReason, KvCache};
@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tonic::Status;
 
-impl Engine {
+impl EngineThread {
     /// Sends a row's last message and returns its cache to its session.
     pub(super) fn finish_row(&mut self, row: Row, outcome: Outcome) {
         self.shared.outstanding.fetch_sub(1, Ordering::SeqCst);

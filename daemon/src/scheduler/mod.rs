@@ -24,4 +24,4 @@ pub use jobs::{
     EngineConfig, EngineShared, EventSender, GenExtras, GenInput, GenJob, Job, PerplexityJob,
     PerplexitySender, Published, ScoreJob,
 };
-pub use thread::Engine;
+pub use thread::EngineThread;

@@ -3,7 +3,7 @@
 
 use super::jobs::{GenInput, GenJob};
 use super::rows::{checked_generation, GenRow};
-use super::thread::Engine;
+use super::thread::EngineThread;
 use crate::limits;
 use crate::wire::{self, now_unix_ms, status_from_engine};
 use colibri_engine::structured::{GrammarCompiler, OutputFormat};
@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tonic::Status;
 
-impl Engine {
+impl EngineThread {
     /// Validates a Generate/Chat job and turns it into a row; sends Started on success.
     pub(super) fn prepare(&mut self, job: GenJob) -> Result<GenRow, Status> {
         let model = Arc::clone(&self.model);

@@ -2,7 +2,7 @@
 //! and everything saved on unload.
 
 use super::rows::{session_info, Outcome, Session};
-use super::thread::Engine;
+use super::thread::EngineThread;
 use crate::snapshot::{self, SessionMeta, SnapshotError, SnapshotMessage};
 use crate::state;
 use crate::wire::now_unix_ms;
@@ -12,7 +12,7 @@ use colibri_proto::v1 as pb;
 use std::time::Instant;
 use tonic::Status;
 
-impl Engine {
+impl EngineThread {
     pub(super) fn create_session(&mut self, id: String) -> Result<pb::SessionInfo, Status> {
         if self.sessions.contains_key(&id) || self.state.session_path(&id).exists() {
             return Err(Status::already_exists(format!(

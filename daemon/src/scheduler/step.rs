@@ -1,7 +1,7 @@
 //! One batched forward step over the active rows, and what each row makes of its outputs.
 
 use super::rows::{Outcome, Picked, Row};
-use super::thread::Engine;
+use super::thread::EngineThread;
 use crate::wire::{self, status_from_engine};
 use colibri_engine::perplexity;
 use colibri_engine::{FinishReason, LogitsWanted, SeqStep, StepEvent};
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tonic::Status;
 
-impl Engine {
+impl EngineThread {
     /// One batched forward step over the active rows.
     pub(super) fn step(&mut self) {
         let decoding = self.active.iter().any(Row::is_decode);

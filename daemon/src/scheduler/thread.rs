@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-pub struct Engine {
+pub struct EngineThread {
     pub(super) id: String,
     pub(super) model: Arc<Model>,
     pub(super) rx: Receiver<Job>,
@@ -53,7 +53,7 @@ pub struct Engine {
 /// How often an idle engine thread wakes up to snapshot idle sessions.
 const IDLE_TICK: Duration = Duration::from_millis(500);
 
-impl Engine {
+impl EngineThread {
     pub fn new(
         id: String,
         model: Arc<Model>,
@@ -61,8 +61,8 @@ impl Engine {
         shared: Arc<EngineShared>,
         state: StateDir,
         cfg: EngineConfig,
-    ) -> Engine {
-        Engine {
+    ) -> EngineThread {
+        EngineThread {
             id,
             model,
             rx,

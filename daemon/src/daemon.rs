@@ -50,7 +50,7 @@ pub struct ModelHandle {
     /// The expert cache, when the model's experts are streamed.
     pub streaming: Option<Arc<Streaming>>,
     /// Routing counts per expert and the latest token's experts (the dashboard's grid).
-    pub activity: Arc<crate::http::web::grid::ExpertActivity>,
+    pub activity: Arc<crate::activity::ExpertActivity>,
     /// This model's keep-alive when set apart from the daemon's (`Some(None)`: never
     /// unloaded); None: the daemon's `--keep-alive`.
     pub keep_alive: Mutex<Option<Option<Duration>>>,
@@ -330,7 +330,7 @@ impl Daemon {
                     _ => 0,
                 })
                 .collect();
-            let activity = Arc::new(crate::http::web::grid::ExpertActivity::new(&per_layer));
+            let activity = Arc::new(crate::activity::ExpertActivity::new(&per_layer));
             for (li, l) in m.net.layers.iter_mut().enumerate() {
                 if let colibri_engine::arch::Ffn::Moe(x) = &mut l.ffn {
                     x.hooks.layer = li;

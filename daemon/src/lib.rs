@@ -8,12 +8,14 @@
 //! - [`memory`]: allocator settings and trimming, so RSS returns after large requests.
 //! - [`daemon`]: loaded models and their engine threads, sessions across models and disk.
 //! - [`scheduler`]: the engine thread: batched steps over all live generations.
+//! - [`activity`]: which experts each model routes to (the dashboard's grid reads it).
 //! - [`prefix`]: the prefix cache (KV of earlier requests reused by later ones).
 //! - [`snapshot`] and [`state`]: session snapshots and other persisted files.
 //! - [`wire`]: the proto mapping (colibri.v1 fields ↔ engine types, engine errors → gRPC codes).
 //! - [`server`]: putting it together (health, reflection, signals, shutdown).
 //! - [`http`]: the OpenAI/Anthropic-compatible HTTP API, a translation onto [`service`].
 
+pub mod activity;
 pub mod authority;
 pub mod daemon;
 pub mod http;

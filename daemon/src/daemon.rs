@@ -143,7 +143,7 @@ pub struct Daemon {
     /// Set to true to stop the daemon (Shutdown RPC, signals).
     pub shutdown: watch::Sender<bool>,
     /// Counters for the HTTP API's /metrics (requests of both front doors).
-    pub metrics: crate::http::metrics::Metrics,
+    pub metrics: crate::metrics::Metrics,
     /// The HTTP API listener, once started (`--http`, ServeHttp).
     pub http: tokio::sync::Mutex<Option<crate::http::Serving>>,
 }

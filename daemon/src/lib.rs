@@ -5,6 +5,7 @@
 //! - [`transport`]: the Unix socket / named pipe, its permissions and peer checks.
 //! - [`service`]: gRPC handlers (validate, route, wait; never compute).
 //! - [`limits`]: what one request may cost; the checks shared by every front door.
+//! - [`metrics`]: the counters `/metrics` reports (requests, generations, time to first token).
 //! - [`memory`]: allocator settings and trimming, so RSS returns after large requests.
 //! - [`daemon`]: loaded models and their engine threads, sessions across models and disk.
 //! - [`scheduler`]: the engine thread: batched steps over all live generations.
@@ -21,6 +22,7 @@ pub mod daemon;
 pub mod http;
 pub mod limits;
 pub mod memory;
+pub mod metrics;
 pub mod pacer;
 pub mod prefix;
 pub mod scheduler;

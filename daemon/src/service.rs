@@ -21,6 +21,70 @@ use tonic::{Request, Response, Status};
 
 pub type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
+/// A generation's event stream that reports to [`crate::metrics::Metrics`]: its Finished event, or, when
+/// it is dropped unfinished (a client gone: the engine cancels the generation) or fails,
+/// that.
+pub struct Observed {
+    inner: BoxStream<pb::GenerateEvent>,
+    daemon: Arc<Daemon>,
+    model: String,
+    ended: bool,
+}
+
+impl Observed {
+    pub fn new(
+        inner: BoxStream<pb::GenerateEvent>,
+        daemon: Arc<Daemon>,
+        model: String,
+    ) -> Observed {
+        Observed {
+            inner,
+            daemon,
+            model,
+            ended: false,
+        }
+    }
+}
+
+impl tokio_stream::Stream for Observed {
+    type Item = Result<pb::GenerateEvent, tonic::Status>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let p = self.inner.as_mut().poll_next(cx);
+        if !self.ended {
+            match &p {
+                std::task::Poll::Ready(Some(Ok(pb::GenerateEvent {
+                    event: Some(pb::generate_event::Event::Finished(f)),
+                }))) => {
+                    self.ended = true;
+                    self.daemon.metrics.generation_finished(&self.model, f);
+                }
+                std::task::Poll::Ready(Some(Err(_)) | None) => {
+                    self.ended = true;
+                    self.daemon
+                        .metrics
+                        .generation_ended_early(&self.model, "error");
+                }
+                _ => {}
+            }
+        }
+        p
+    }
+}
+
+impl Drop for Observed {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.daemon
+                .metrics
+                .generation_ended_early(&self.model, "cancelled");
+        }
+    }
+}
+
 pub struct Service {
     pub daemon: Arc<Daemon>,
 }
@@ -128,13 +192,11 @@ impl Service {
             Some(Ok(first)) => {
                 let rest = UnboundedReceiverStream::new(rx);
                 // Every generation is counted for /metrics, whichever door it came in.
-                Ok(Response::new(Box::pin(
-                    crate::http::metrics::Observed::new(
-                        Box::pin(tokio_stream::once(Ok(first)).chain(rest)),
-                        Arc::clone(&self.daemon),
-                        h.id.clone(),
-                    ),
-                )))
+                Ok(Response::new(Box::pin(Observed::new(
+                    Box::pin(tokio_stream::once(Ok(first)).chain(rest)),
+                    Arc::clone(&self.daemon),
+                    h.id.clone(),
+                ))))
             }
             Some(Err(st)) => Err(st),
             None => Err(engine_gone()),

@@ -34,7 +34,7 @@ pub struct Config {
     pub expert_cache: Option<u64>,
     /// The HTTP API's settings (`--http*`, `--api-key`); its address is empty when the
     /// daemon starts without the API (a ServeHttp request may start it later).
-    pub http: crate::http::HttpConfig,
+    pub http: crate::serving::HttpConfig,
 }
 
 /// A loaded model: its weights (shared read-only with handlers for tokenization) and the
@@ -145,7 +145,7 @@ pub struct Daemon {
     /// Counters for the HTTP API's /metrics (requests of both front doors).
     pub metrics: crate::metrics::Metrics,
     /// The HTTP API listener, once started (`--http`, ServeHttp).
-    pub http: tokio::sync::Mutex<Option<crate::http::Serving>>,
+    pub http: tokio::sync::Mutex<Option<crate::serving::Serving>>,
 }
 
 /// Session ids become file names: keep them to a safe alphabet.

@@ -14,6 +14,7 @@
 //! - [`snapshot`] and [`state`]: session snapshots and other persisted files.
 //! - [`wire`]: the proto mapping (colibri.v1 fields ↔ engine types, engine errors → gRPC codes).
 //! - [`server`]: putting it together (health, reflection, signals, shutdown).
+//! - [`serving`]: the HTTP listener's settings and handle, as the daemon keeps them.
 //! - [`http`]: the OpenAI/Anthropic-compatible HTTP API, a translation onto [`service`].
 
 pub mod activity;
@@ -28,6 +29,7 @@ pub mod prefix;
 pub mod scheduler;
 pub mod server;
 pub mod service;
+pub mod serving;
 pub mod snapshot;
 pub mod state;
 pub mod transport;

@@ -754,33 +754,9 @@ impl Colibri for Service {
         &self,
         req: Request<pb::ServeHttpRequest>,
     ) -> Result<Response<pb::ServeHttpResponse>, Status> {
-        let req = req.into_inner();
-        let address = if req.address.is_empty() {
-            format!("127.0.0.1:{}", crate::http::DEFAULT_PORT)
-        } else {
-            req.address
-        };
-        // The daemon's own --http-* settings (and its key, unless the request brings one).
-        let mut cfg = self.daemon.cfg.http.clone();
-        cfg.address = address;
-        if !req.api_key.is_empty() {
-            cfg.api_key = Some(req.api_key);
-        }
-        let (url, started) = crate::http::ensure_serving(&self.daemon, cfg)
+        self.serve_http_rpc(req.into_inner())
             .await
-            .map_err(|e| Status::failed_precondition(format!("{e:#}")))?;
-        let models = crate::http::models::listed(&self.daemon)
-            .into_iter()
-            .map(|(name, h)| pb::HttpModel {
-                name,
-                id: h.id.clone(),
-            })
-            .collect();
-        Ok(Response::new(pb::ServeHttpResponse {
-            url,
-            started,
-            models,
-        }))
+            .map(Response::new)
     }
 }
 

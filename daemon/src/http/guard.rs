@@ -2,7 +2,8 @@
 //! the API key, and the per-route request counters of /metrics.
 
 use super::error::ApiError;
-use super::{flavor_of, App, HttpConfig};
+use super::{flavor_of, App};
+use crate::serving::HttpConfig;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;

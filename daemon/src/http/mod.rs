@@ -25,6 +25,7 @@ pub mod web;
 
 use crate::daemon::{Daemon, ModelHandle};
 use crate::service::Service;
+pub use crate::serving::{HttpConfig, Serving, DEFAULT_BODY_LIMIT, DEFAULT_PORT};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -36,62 +37,6 @@ use error::{ApiError, Flavor};
 use http_body_util::BodyExt;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
-
-/// How the listener is set up (`colibrid --http ...` flags, or a ServeHttp request).
-#[derive(Clone, Debug)]
-pub struct HttpConfig {
-    /// host:port as given (a name such as `localhost` is resolved when binding).
-    pub address: String,
-    /// Clients must send it (Bearer or x-api-key); required for a non-loopback address.
-    pub api_key: Option<String>,
-    /// Host header values accepted besides loopback names and IP literals; "*" = any.
-    pub allowed_hosts: Vec<String>,
-    /// Origins allowed to call the API from a browser (CORS); empty = none, "*" = any.
-    pub cors_origins: Vec<String>,
-    /// Largest request body, bytes (larger: 413).
-    pub body_limit: usize,
-    /// A streamed answer sends a keep-alive (`ping` event / SSE comment) after this long
-    /// without another event, e.g. while a long prompt is prefilled.
-    pub ping_every: Duration,
-}
-
-impl HttpConfig {
-    pub fn new(address: impl Into<String>) -> HttpConfig {
-        HttpConfig {
-            address: address.into(),
-            api_key: None,
-            allowed_hosts: Vec::new(),
-            cors_origins: Vec::new(),
-            body_limit: DEFAULT_BODY_LIMIT,
-            ping_every: Duration::from_secs(5),
-        }
-    }
-}
-
-pub const DEFAULT_BODY_LIMIT: usize = 32 << 20;
-pub const DEFAULT_PORT: u16 = 11435;
-
-/// A running listener.
-pub struct Serving {
-    pub url: String,
-    pub addr: SocketAddr,
-    stop: tokio::sync::watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Serving {
-    /// Stops accepting, lets running requests end (their generations are being cancelled
-    /// by the unload that precedes this), waits at most `grace`.
-    pub async fn stop(self, grace: Duration) {
-        self.stop.send_replace(true);
-        let mut task = self.task;
-        if tokio::time::timeout(grace, &mut task).await.is_err() {
-            tracing::warn!("HTTP clients still connected after {grace:?}; closing anyway");
-            task.abort();
-        }
-    }
-}
 
 /// What every handler reaches.
 #[derive(Clone)]
@@ -177,6 +122,43 @@ pub async fn ensure_serving(
     let url = serving.url.clone();
     *slot = Some(serving);
     Ok((url, true))
+}
+
+impl Service {
+    /// The ServeHttp RPC (its gRPC handler in service.rs hands it here, to the layer that
+    /// owns the listener): starts the listener unless one runs, and lists the models it
+    /// serves.
+    pub(crate) async fn serve_http_rpc(
+        &self,
+        req: pb::ServeHttpRequest,
+    ) -> Result<pb::ServeHttpResponse, tonic::Status> {
+        let address = if req.address.is_empty() {
+            format!("127.0.0.1:{DEFAULT_PORT}")
+        } else {
+            req.address
+        };
+        // The daemon's own --http-* settings (and its key, unless the request brings one).
+        let mut cfg = self.daemon.cfg.http.clone();
+        cfg.address = address;
+        if !req.api_key.is_empty() {
+            cfg.api_key = Some(req.api_key);
+        }
+        let (url, started) = ensure_serving(&self.daemon, cfg)
+            .await
+            .map_err(|e| tonic::Status::failed_precondition(format!("{e:#}")))?;
+        let models = models::listed(&self.daemon)
+            .into_iter()
+            .map(|(name, h)| pb::HttpModel {
+                name,
+                id: h.id.clone(),
+            })
+            .collect();
+        Ok(pb::ServeHttpResponse {
+            url,
+            started,
+            models,
+        })
+    }
 }
 
 /// Every route, behind the guards.

@@ -1,14 +1,14 @@
 //! A Generate/Chat job validated and turned into a row: its prompt (fresh, from the
 //! prefix cache, or continuing a session), tools, grammar, drafting.
 
-use super::jobs::{GenInput, GenJob};
+use super::jobs::{GenExtras, GenInput, GenJob};
 use super::rows::{checked_generation, GenRow};
 use super::thread::EngineThread;
 use crate::limits;
 use crate::wire::{self, now_unix_ms, status_from_engine};
 use colibri_engine::structured::{GrammarCompiler, OutputFormat};
-use colibri_engine::text::{ChatMessage, ToolChoice, ToolSpec};
-use colibri_engine::{DraftMode, GenerateRequest, KvCache, Speculator};
+use colibri_engine::text::{ChatMessage, ReplyConfig, ToolChoice, ToolSpec};
+use colibri_engine::{DraftMode, GenerateRequest, KvCache, Model, Speculator};
 use colibri_proto::v1 as pb;
 use pb::generate_event::{Event, Started};
 use std::sync::Arc;
@@ -33,34 +33,8 @@ impl EngineThread {
         if !chat_input && !x.tools.is_empty() {
             return Err(wire::invalid("tools", "are only for Chat requests"));
         }
-        // Tools the model is shown (tool_choice none: not offered) and a forced call.
-        let offered: &[ToolSpec] = if x.tool_choice == ToolChoice::None {
-            &[]
-        } else {
-            &x.tools
-        };
-        let forced = match &x.tool_choice {
-            ToolChoice::Required | ToolChoice::Named(_) if x.tools.is_empty() => {
-                return Err(wire::invalid(
-                    "tool_choice",
-                    "requires a call but no tools were given",
-                ))
-            }
-            ToolChoice::Named(n) => {
-                let t = x.tools.iter().find(|t| &t.name == n).ok_or_else(|| {
-                    wire::invalid("tool_choice.name", format!("no tool named '{n}'"))
-                })?;
-                Some(vec![t.clone()])
-            }
-            ToolChoice::Required => Some(x.tools.clone()),
-            _ => None,
-        };
-        if forced.is_some() && x.response_format.is_some() {
-            return Err(wire::invalid(
-                "response_format",
-                "cannot be combined with a required or named tool_choice",
-            ));
-        }
+        let offered = offered_tools(x);
+        let forced = forced_tools(x)?;
         if !offered.is_empty() {
             let t = text()?;
             if t.tool_format().is_none() {
@@ -95,16 +69,7 @@ impl EngineThread {
             Ok((ids, rendered))
         };
         let mut rendered_prompt = None;
-        // Automatic drafting only for greedy decoding: with sampling, speculation keeps the
-        // distribution but its acceptance is lower (as `coli run --local` does).
-        let mode = match job.draft {
-            Some(0) => DraftMode::Off,
-            Some(n) => DraftMode::Tokens(n),
-            None if job.sampling.temperature > 0.0 => DraftMode::Off,
-            // Logprobs are reported per sampled token, from that token's own logits row.
-            None if job.extras.logprobs.is_some() => DraftMode::Off,
-            None => DraftMode::Auto,
-        };
+        let mode = draft_mode(job.draft, job.sampling.temperature, job.extras.logprobs);
         let mut mtp = None;
         let (cache, base_len, full, chat) = match &job.session_id {
             None => {
@@ -210,41 +175,20 @@ impl EngineThread {
                 "is empty (and the session has no pending token to continue from)",
             ));
         }
-        // How the reply is split (chat only): reasoning, tool calls with fresh ids.
-        let reply = match (&rendered_prompt, &model.text) {
-            (Some(r), Some(t)) => {
-                self.calls_made += 1;
-                let prefix = format!(
-                    "call_{:x}{:04x}_",
-                    now_unix_ms() & 0xffff_ffff,
-                    self.calls_made & 0xffff
-                );
-                t.reply_config(r, offered, &prefix)
-            }
-            _ => Default::default(),
-        };
+        let reply = self.reply_config(&rendered_prompt, offered);
         let mut max_tokens = job.max_tokens;
         if job.clamp_max_tokens {
-            let room = self
-                .model
-                .info
-                .max_context
-                .saturating_sub(base_len + feed.len());
-            if room == 0 {
-                self.give_back(&job.session_id, cache, mtp);
-                // Nothing can be generated: refused like a prompt past the context.
-                let (n, max) = (base_len + feed.len(), self.model.info.max_context);
-                return Err(wire::context_exceeded(if n > max {
-                    format!("prompt of {n} tokens does not fit the context of {max} tokens")
-                } else {
-                    format!("prompt of {n} tokens leaves no room to generate in the context of {max} tokens")
-                }));
+            match clamped_max_tokens(
+                max_tokens,
+                base_len + feed.len(),
+                self.model.info.max_context,
+            ) {
+                Ok(n) => max_tokens = n,
+                Err(e) => {
+                    self.give_back(&job.session_id, cache, mtp);
+                    return Err(e);
+                }
             }
-            max_tokens = if max_tokens == 0 {
-                room
-            } else {
-                max_tokens.min(room)
-            };
         }
         let req = GenerateRequest {
             prompt: feed.clone(),
@@ -255,19 +199,7 @@ impl EngineThread {
             logprobs: x.logprobs,
             reply,
         };
-        let format = match (&forced, &x.response_format) {
-            (Some(tools), _) => Some(OutputFormat::ToolCalls {
-                format: model
-                    .text
-                    .as_ref()
-                    .and_then(|t| t.tool_format())
-                    .expect("checked with the tools above"),
-                tools: tools.clone(),
-                parallel: x.parallel_tool_calls,
-            }),
-            (None, Some(f)) => Some(f.clone()),
-            _ => None,
-        };
+        let format = output_format(&model, &forced, x);
         let constraint = match format {
             None => None,
             Some(f) => match self.grammar().and_then(|g| {
@@ -303,15 +235,9 @@ impl EngineThread {
             let s = self.sessions.get_mut(sid).expect("looked up above");
             s.busy = Some(job.request_id.clone());
         }
-        let started = pb::GenerateEvent {
-            event: Some(Event::Started(Started {
-                request_id: job.request_id.clone(),
-                model: self.id.clone(),
-                session_id: job.session_id.clone().unwrap_or_default(),
-                prompt_tokens: feed.len() as u32,
-            })),
-        };
-        let _ = job.events.send(Ok(started));
+        let _ = job
+            .events
+            .send(Ok(started_event(&job, &self.id, feed.len())));
         Ok(GenRow {
             gen,
             spec,
@@ -332,6 +258,26 @@ impl EngineThread {
             first_token: None,
             cache_at_admission: None,
         })
+    }
+
+    /// How the reply is split (chat only): reasoning, tool calls with fresh ids.
+    fn reply_config(
+        &mut self,
+        rendered_prompt: &Option<String>,
+        offered: &[ToolSpec],
+    ) -> ReplyConfig {
+        match (rendered_prompt, &self.model.text) {
+            (Some(r), Some(t)) => {
+                self.calls_made += 1;
+                let prefix = format!(
+                    "call_{:x}{:04x}_",
+                    now_unix_ms() & 0xffff_ffff,
+                    self.calls_made & 0xffff
+                );
+                t.reply_config(r, offered, &prefix)
+            }
+            _ => Default::default(),
+        }
     }
 
     /// The grammar compiler, built on first use (it indexes the whole vocabulary).
@@ -373,5 +319,192 @@ impl EngineThread {
             s.cache = Some(cache);
             s.mtp = mtp;
         }
+    }
+}
+
+/// Tools the model is shown (tool_choice none: not offered).
+fn offered_tools(x: &GenExtras) -> &[ToolSpec] {
+    if x.tool_choice == ToolChoice::None {
+        &[]
+    } else {
+        &x.tools
+    }
+}
+
+/// The tools a required or named tool_choice forces a call of (None: no forced call).
+fn forced_tools(x: &GenExtras) -> Result<Option<Vec<ToolSpec>>, Status> {
+    let forced = match &x.tool_choice {
+        ToolChoice::Required | ToolChoice::Named(_) if x.tools.is_empty() => {
+            return Err(wire::invalid(
+                "tool_choice",
+                "requires a call but no tools were given",
+            ))
+        }
+        ToolChoice::Named(n) => {
+            let t =
+                x.tools.iter().find(|t| &t.name == n).ok_or_else(|| {
+                    wire::invalid("tool_choice.name", format!("no tool named '{n}'"))
+                })?;
+            Some(vec![t.clone()])
+        }
+        ToolChoice::Required => Some(x.tools.clone()),
+        _ => None,
+    };
+    if forced.is_some() && x.response_format.is_some() {
+        return Err(wire::invalid(
+            "response_format",
+            "cannot be combined with a required or named tool_choice",
+        ));
+    }
+    Ok(forced)
+}
+
+/// Automatic drafting only for greedy decoding: with sampling, speculation keeps the
+/// distribution but its acceptance is lower (as `coli run --local` does).
+fn draft_mode(draft: Option<usize>, temperature: f32, logprobs: Option<usize>) -> DraftMode {
+    match draft {
+        Some(0) => DraftMode::Off,
+        Some(n) => DraftMode::Tokens(n),
+        None if temperature > 0.0 => DraftMode::Off,
+        // Logprobs are reported per sampled token, from that token's own logits row.
+        None if logprobs.is_some() => DraftMode::Off,
+        None => DraftMode::Auto,
+    }
+}
+
+/// `max_tokens` reduced to the room a prompt of `used` positions leaves in the context (0 =
+/// all of it); no room at all is refused like a prompt past the context.
+fn clamped_max_tokens(max_tokens: usize, used: usize, max_context: usize) -> Result<usize, Status> {
+    let room = max_context.saturating_sub(used);
+    if room == 0 {
+        // Nothing can be generated: refused like a prompt past the context.
+        let (n, max) = (used, max_context);
+        return Err(wire::context_exceeded(if n > max {
+            format!("prompt of {n} tokens does not fit the context of {max} tokens")
+        } else {
+            format!(
+                "prompt of {n} tokens leaves no room to generate in the context of {max} tokens"
+            )
+        }));
+    }
+    Ok(if max_tokens == 0 {
+        room
+    } else {
+        max_tokens.min(room)
+    })
+}
+
+/// The structured output a row is held to: a forced tool call in the model's syntax, or
+/// the requested response format.
+fn output_format(
+    model: &Model,
+    forced: &Option<Vec<ToolSpec>>,
+    x: &GenExtras,
+) -> Option<OutputFormat> {
+    match (forced, &x.response_format) {
+        (Some(tools), _) => Some(OutputFormat::ToolCalls {
+            format: model
+                .text
+                .as_ref()
+                .and_then(|t| t.tool_format())
+                .expect("checked with the tools above"),
+            tools: tools.clone(),
+            parallel: x.parallel_tool_calls,
+        }),
+        (None, Some(f)) => Some(f.clone()),
+        _ => None,
+    }
+}
+
+/// The Started event: the prompt was accepted.
+fn started_event(job: &GenJob, model_id: &str, prompt_tokens: usize) -> pb::GenerateEvent {
+    pb::GenerateEvent {
+        event: Some(Event::Started(Started {
+            request_id: job.request_id.clone(),
+            model: model_id.to_string(),
+            session_id: job.session_id.clone().unwrap_or_default(),
+            prompt_tokens: prompt_tokens as u32,
+        })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    fn tool(name: &str) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: String::new(),
+            parameters: serde_json::Value::Null,
+        }
+    }
+
+    fn extras(tools: &[&str], choice: ToolChoice) -> GenExtras {
+        GenExtras {
+            tools: tools.iter().map(|n| tool(n)).collect(),
+            tool_choice: choice,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn drafting_is_automatic_only_for_greedy_without_logprobs() {
+        assert_eq!(draft_mode(None, 0.0, None), DraftMode::Auto);
+        assert_eq!(draft_mode(None, 0.7, None), DraftMode::Off);
+        assert_eq!(draft_mode(None, 0.0, Some(2)), DraftMode::Off);
+        // An explicit count wins over sampling and logprobs; 0 turns drafting off.
+        assert_eq!(draft_mode(Some(3), 0.7, Some(2)), DraftMode::Tokens(3));
+        assert_eq!(draft_mode(Some(0), 0.0, None), DraftMode::Off);
+    }
+
+    #[test]
+    fn tool_choice_decides_what_is_offered_and_forced() {
+        let x = extras(&["a", "b"], ToolChoice::Auto);
+        assert_eq!(offered_tools(&x).len(), 2);
+        assert_eq!(forced_tools(&x).unwrap(), None);
+        let x = extras(&["a", "b"], ToolChoice::None);
+        assert!(offered_tools(&x).is_empty());
+        let x = extras(&["a", "b"], ToolChoice::Required);
+        assert_eq!(forced_tools(&x).unwrap(), Some(vec![tool("a"), tool("b")]));
+        let x = extras(&["a", "b"], ToolChoice::Named("b".into()));
+        assert_eq!(forced_tools(&x).unwrap(), Some(vec![tool("b")]));
+    }
+
+    #[test]
+    fn impossible_tool_choices_are_refused() {
+        let e = forced_tools(&extras(&[], ToolChoice::Required)).unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().contains("tool_choice"), "{}", e.message());
+        let e = forced_tools(&extras(&["a"], ToolChoice::Named("z".into()))).unwrap_err();
+        assert!(e.message().contains("no tool named 'z'"), "{}", e.message());
+        let mut x = extras(&["a"], ToolChoice::Required);
+        x.response_format = Some(OutputFormat::JsonObject(None));
+        let e = forced_tools(&x).unwrap_err();
+        assert!(e.message().contains("response_format"), "{}", e.message());
+    }
+
+    #[test]
+    fn max_tokens_is_clamped_to_the_room_left() {
+        assert_eq!(clamped_max_tokens(0, 10, 100).unwrap(), 90);
+        assert_eq!(clamped_max_tokens(20, 10, 100).unwrap(), 20);
+        assert_eq!(clamped_max_tokens(500, 10, 100).unwrap(), 90);
+        let full = clamped_max_tokens(5, 100, 100).unwrap_err();
+        assert!(
+            full.message().contains("leaves no room"),
+            "{}",
+            full.message()
+        );
+        let over = clamped_max_tokens(5, 120, 100).unwrap_err();
+        assert!(
+            over.message().contains("does not fit"),
+            "{}",
+            over.message()
+        );
+        assert_eq!(
+            over.metadata().get(wire::ERROR_KIND_KEY).unwrap(),
+            wire::CONTEXT_LENGTH_EXCEEDED
+        );
     }
 }

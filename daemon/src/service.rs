@@ -1,5 +1,5 @@
 //! The colibri.v1 gRPC handlers. They validate, route and wait; model code runs only on
-//! the engine threads (scheduler.rs). Tokenize/Detokenize use the model's tokenizer on
+//! the engine threads (scheduler/). Tokenize/Detokenize use the model's tokenizer on
 //! tokio's blocking pool.
 
 use crate::daemon::{check_session_id, memory_stats, Daemon, LoadState};

@@ -303,7 +303,7 @@ fn expert_cache_lines(models: &[pb::ModelStatus]) {
         let id = m.info.as_ref().map(|i| i.id.as_str()).unwrap_or("?");
         println!(
             "experts of {id}: {}",
-            expert_key_figures(&colibri_daemon::convert::store_stats(c))
+            expert_key_figures(&colibri_daemon::wire::store_stats(c))
         );
     }
 }

@@ -162,7 +162,7 @@ pub fn run_stats(s: &pb::GenerationStats, seed: u64) -> RunStats {
         expert_cache: s
             .expert_cache
             .as_ref()
-            .map(|c| colibri_daemon::convert::store_stats(c)),
+            .map(|c| colibri_daemon::wire::store_stats(c)),
     }
 }
 

@@ -1,10 +1,10 @@
 //! The daemon's shared state: configuration, the loaded models (each with its engine
 //! thread), session discovery across models and disk, keep-alive, shutdown.
 
-use crate::convert::{self, status_from_engine};
-use crate::scheduler::{Engine, EngineConfig, EngineShared, Job};
+use crate::scheduler::{EngineConfig, EngineShared, EngineThread, Job};
 use crate::snapshot::{self, SnapshotError};
 use crate::state::{self, StateDir};
+use crate::wire::{self, status_from_engine};
 use colibri_engine::experts::stream::{self, StreamOptions, Streaming};
 use colibri_engine::model::{LoadProgress, LoadStage};
 use colibri_engine::Model;
@@ -34,7 +34,7 @@ pub struct Config {
     pub expert_cache: Option<u64>,
     /// The HTTP API's settings (`--http*`, `--api-key`); its address is empty when the
     /// daemon starts without the API (a ServeHttp request may start it later).
-    pub http: crate::http::HttpConfig,
+    pub http: crate::serving::HttpConfig,
 }
 
 /// A loaded model: its weights (shared read-only with handlers for tokenization) and the
@@ -50,7 +50,7 @@ pub struct ModelHandle {
     /// The expert cache, when the model's experts are streamed.
     pub streaming: Option<Arc<Streaming>>,
     /// Routing counts per expert and the latest token's experts (the dashboard's grid).
-    pub activity: Arc<crate::http::web::grid::ExpertActivity>,
+    pub activity: Arc<crate::activity::ExpertActivity>,
     /// This model's keep-alive when set apart from the daemon's (`Some(None)`: never
     /// unloaded); None: the daemon's `--keep-alive`.
     pub keep_alive: Mutex<Option<Option<Duration>>>,
@@ -143,9 +143,9 @@ pub struct Daemon {
     /// Set to true to stop the daemon (Shutdown RPC, signals).
     pub shutdown: watch::Sender<bool>,
     /// Counters for the HTTP API's /metrics (requests of both front doors).
-    pub metrics: crate::http::metrics::Metrics,
+    pub metrics: crate::metrics::Metrics,
     /// The HTTP API listener, once started (`--http`, ServeHttp).
-    pub http: tokio::sync::Mutex<Option<crate::http::Serving>>,
+    pub http: tokio::sync::Mutex<Option<crate::serving::Serving>>,
 }
 
 /// Session ids become file names: keep them to a safe alphabet.
@@ -156,7 +156,7 @@ pub fn check_session_id(field: &str, id: &str) -> Result<(), Status> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
     {
-        return Err(convert::invalid(
+        return Err(wire::invalid(
             field,
             format!("'{id}' is not a session id (1 to 64 of A-Z a-z 0-9 - _)"),
         ));
@@ -194,12 +194,12 @@ impl Daemon {
     /// Canonical id of a model directory.
     fn canonical(dir: &str) -> Result<String, Status> {
         if dir.is_empty() {
-            return Err(convert::invalid("model", "is empty"));
+            return Err(wire::invalid("model", "is empty"));
         }
         let p = std::fs::canonicalize(dir)
             .map_err(|e| Status::not_found(format!("model '{dir}': {e}")))?;
         if !p.is_dir() {
-            return Err(convert::invalid(
+            return Err(wire::invalid(
                 "model",
                 format!("'{dir}' is not a directory"),
             ));
@@ -330,7 +330,7 @@ impl Daemon {
                     _ => 0,
                 })
                 .collect();
-            let activity = Arc::new(crate::http::web::grid::ExpertActivity::new(&per_layer));
+            let activity = Arc::new(crate::activity::ExpertActivity::new(&per_layer));
             for (li, l) in m.net.layers.iter_mut().enumerate() {
                 if let colibri_engine::arch::Ffn::Moe(x) = &mut l.ffn {
                     x.hooks.layer = li;
@@ -361,7 +361,7 @@ impl Daemon {
         let shared = Arc::new(EngineShared::new(self.state.load_pins(&id)));
         let handle = Arc::new(ModelHandle {
             id: id.clone(),
-            info: convert::model_info(&id, &model),
+            info: wire::model_info(&id, &model),
             model: Arc::clone(&model),
             shared: Arc::clone(&shared),
             loaded_at: Instant::now(),
@@ -385,7 +385,7 @@ impl Daemon {
             .insert(id.clone(), Slot::Ready(Arc::clone(&handle)));
         let _ = tx.send(LoadState::Ready(handle));
         drop(tx);
-        let engine = Engine::new(
+        let engine = EngineThread::new(
             id.clone(),
             model,
             rx,
@@ -422,7 +422,7 @@ impl Daemon {
                 0 => Err(Status::failed_precondition(
                     "invalid argument 'model': required (no model is loaded; LoadModel first)",
                 )),
-                n => Err(convert::invalid(
+                n => Err(wire::invalid(
                     "model",
                     format!("required: {n} models are loaded"),
                 )),
@@ -625,7 +625,7 @@ impl Daemon {
 /// streamed).
 fn expert_cache_stats(h: &ModelHandle, pinned: u32, forward_seconds: f64) -> pb::ExpertCacheStats {
     let mut c = match &h.streaming {
-        Some(s) => convert::expert_cache_stats(&s.stats(), forward_seconds),
+        Some(s) => wire::expert_cache_stats(&s.stats(), forward_seconds),
         None => pb::ExpertCacheStats::default(),
     };
     c.pinned_experts = pinned;

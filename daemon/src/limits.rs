@@ -10,7 +10,7 @@
 //! - Score answers at most [`MAX_SCORE_LOGITS_BYTES`] of logits; Detokenize at most
 //!   [`MAX_DETOKENIZE_IDS`] ids.
 
-use crate::convert::{self, status_from_engine};
+use crate::wire::{self, status_from_engine};
 use colibri_engine::text::{ChatMessage, Text};
 use colibri_engine::{Error, Model};
 use tonic::Status;
@@ -34,10 +34,10 @@ pub fn text_status(field: &str, e: &Error) -> Status {
     match e {
         Error::TextTooLong { .. } | Error::ContextOverflow { .. } => {
             // Marked like every context refusal, for front ends with their own error shape.
-            let mut st = convert::invalid(field, e);
+            let mut st = wire::invalid(field, e);
             st.metadata_mut().insert(
-                convert::ERROR_KIND_KEY,
-                tonic::metadata::MetadataValue::from_static(convert::CONTEXT_LENGTH_EXCEEDED),
+                wire::ERROR_KIND_KEY,
+                tonic::metadata::MetadataValue::from_static(wire::CONTEXT_LENGTH_EXCEEDED),
             );
             st
         }
@@ -67,7 +67,7 @@ pub fn encode_chat(
     field: &str,
 ) -> Result<(Vec<u32>, String), Status> {
     if msgs.is_empty() {
-        return Err(convert::invalid("messages", "is empty"));
+        return Err(wire::invalid("messages", "is empty"));
     }
     let rendered = text
         .render_chat(msgs, true)
@@ -93,7 +93,7 @@ pub fn check_prompt_bytes(model: &Model, bytes: usize, field: &str) -> Result<()
 /// engine thread) and an answer within [`MAX_SCORE_LOGITS_BYTES`].
 pub fn check_score(model: &Model, ids: usize, argmax_only: bool) -> Result<(), Status> {
     if ids > model.info.max_context {
-        return Err(convert::invalid(
+        return Err(wire::invalid(
             "ids",
             format!(
                 "{ids} ids do not fit the context of {} tokens",
@@ -103,7 +103,7 @@ pub fn check_score(model: &Model, ids: usize, argmax_only: bool) -> Result<(), S
     }
     let bytes = ids.saturating_mul(model.info.vocab_size).saturating_mul(4);
     if !argmax_only && bytes > MAX_SCORE_LOGITS_BYTES {
-        return Err(convert::invalid(
+        return Err(wire::invalid(
             "ids",
             format!(
                 "the logits of {ids} positions x {} ids are {} MiB, more than the {} MiB one answer \
@@ -119,7 +119,7 @@ pub fn check_score(model: &Model, ids: usize, argmax_only: bool) -> Result<(), S
 
 pub fn check_detokenize(ids: usize) -> Result<(), Status> {
     if ids > MAX_DETOKENIZE_IDS {
-        return Err(convert::invalid(
+        return Err(wire::invalid(
             "ids",
             format!("{ids} ids are more than the {MAX_DETOKENIZE_IDS} one request may detokenize"),
         ));

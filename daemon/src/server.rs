@@ -97,7 +97,7 @@ pub struct Args {
     )]
     pub http_cors_origins: Vec<String>,
     /// Largest HTTP request body in bytes (larger ones get 413).
-    #[arg(long, default_value_t = crate::http::DEFAULT_BODY_LIMIT, value_name = "BYTES", help_heading = "HTTP API")]
+    #[arg(long, default_value_t = crate::serving::DEFAULT_BODY_LIMIT, value_name = "BYTES", help_heading = "HTTP API")]
     pub http_body_limit: usize,
     /// Seconds without an event after which a streamed answer sends a keep-alive (ping),
     /// e.g. while a long prompt is prefilled.
@@ -160,7 +160,7 @@ pub fn run(args: Args, memory: crate::memory::Policy) -> anyhow::Result<()> {
         queue: args.queue,
         stream: args.stream || args.expert_cache.is_some(),
         expert_cache: args.expert_cache.map(|mib| mib << 20),
-        http: crate::http::HttpConfig {
+        http: crate::serving::HttpConfig {
             address: args.http.clone().unwrap_or_default(),
             api_key: args.api_key.clone().filter(|k| !k.is_empty()),
             allowed_hosts: args.http_allow_hosts.clone(),

@@ -1,11 +1,11 @@
 //! The colibri.v1 gRPC handlers. They validate, route and wait; model code runs only on
-//! the engine threads (scheduler.rs). Tokenize/Detokenize use the model's tokenizer on
+//! the engine threads (scheduler/). Tokenize/Detokenize use the model's tokenizer on
 //! tokio's blocking pool.
 
-use crate::convert::{self, status_from_engine};
 use crate::daemon::{check_session_id, memory_stats, Daemon, LoadState};
 use crate::limits;
 use crate::scheduler::{GenInput, GenJob, Job, PerplexityJob, ScoreJob};
+use crate::wire::{self, status_from_engine};
 use colibri_engine::experts::Key;
 use colibri_engine::model::LoadStage;
 use colibri_proto::v1 as pb;
@@ -20,6 +20,70 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 pub type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// A generation's event stream that reports to [`crate::metrics::Metrics`]: its Finished event, or, when
+/// it is dropped unfinished (a client gone: the engine cancels the generation) or fails,
+/// that.
+pub struct Observed {
+    inner: BoxStream<pb::GenerateEvent>,
+    daemon: Arc<Daemon>,
+    model: String,
+    ended: bool,
+}
+
+impl Observed {
+    pub fn new(
+        inner: BoxStream<pb::GenerateEvent>,
+        daemon: Arc<Daemon>,
+        model: String,
+    ) -> Observed {
+        Observed {
+            inner,
+            daemon,
+            model,
+            ended: false,
+        }
+    }
+}
+
+impl tokio_stream::Stream for Observed {
+    type Item = Result<pb::GenerateEvent, tonic::Status>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        let p = self.inner.as_mut().poll_next(cx);
+        if !self.ended {
+            match &p {
+                std::task::Poll::Ready(Some(Ok(pb::GenerateEvent {
+                    event: Some(pb::generate_event::Event::Finished(f)),
+                }))) => {
+                    self.ended = true;
+                    self.daemon.metrics.generation_finished(&self.model, f);
+                }
+                std::task::Poll::Ready(Some(Err(_)) | None) => {
+                    self.ended = true;
+                    self.daemon
+                        .metrics
+                        .generation_ended_early(&self.model, "error");
+                }
+                _ => {}
+            }
+        }
+        p
+    }
+}
+
+impl Drop for Observed {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.daemon
+                .metrics
+                .generation_ended_early(&self.model, "cancelled");
+        }
+    }
+}
 
 pub struct Service {
     pub daemon: Arc<Daemon>,
@@ -66,7 +130,7 @@ impl Service {
         };
         if let Some(owner) = owner {
             if owner != h.id {
-                return Err(convert::invalid(
+                return Err(wire::invalid(
                     "session_id",
                     format!(
                         "session '{session_id}' belongs to model {owner}, not {}",
@@ -90,13 +154,13 @@ impl Service {
     ) -> Result<Response<BoxStream<pb::GenerateEvent>>, Status> {
         let arrived = Instant::now();
         let o = options.unwrap_or_default();
-        let extras = convert::gen_extras(&o, chat)?;
+        let extras = wire::gen_extras(&o, chat)?;
         let h = self.model_for(model, &session_id).await?;
         if let GenInput::Text { text, .. } = &input {
             limits::check_prompt_bytes(&h.model, text.len(), "prompt")?;
         }
         if o.request_id.len() > 128 {
-            return Err(convert::invalid(
+            return Err(wire::invalid(
                 "options.request_id",
                 "is longer than 128 bytes",
             ));
@@ -113,7 +177,7 @@ impl Service {
             input,
             max_tokens: o.max_tokens as usize,
             clamp_max_tokens: o.clamp_max_tokens,
-            sampling: convert::sampling(o.sampling.as_ref()),
+            sampling: wire::sampling(o.sampling.as_ref()),
             stop: o.stop,
             ignore_eos: o.ignore_eos,
             return_logits: o.return_logits,
@@ -128,13 +192,11 @@ impl Service {
             Some(Ok(first)) => {
                 let rest = UnboundedReceiverStream::new(rx);
                 // Every generation is counted for /metrics, whichever door it came in.
-                Ok(Response::new(Box::pin(
-                    crate::http::metrics::Observed::new(
-                        Box::pin(tokio_stream::once(Ok(first)).chain(rest)),
-                        Arc::clone(&self.daemon),
-                        h.id.clone(),
-                    ),
-                )))
+                Ok(Response::new(Box::pin(Observed::new(
+                    Box::pin(tokio_stream::once(Ok(first)).chain(rest)),
+                    Arc::clone(&self.daemon),
+                    h.id.clone(),
+                ))))
             }
             Some(Err(st)) => Err(st),
             None => Err(engine_gone()),
@@ -281,7 +343,7 @@ impl Colibri for Service {
     ) -> Result<Response<Self::GenerateStream>, Status> {
         let req = req.into_inner();
         if !req.prompt_ids.is_empty() && !req.prompt_text.is_empty() {
-            return Err(convert::invalid(
+            return Err(wire::invalid(
                 "prompt_ids",
                 "set prompt_ids or prompt_text, not both",
             ));
@@ -306,12 +368,12 @@ impl Colibri for Service {
     ) -> Result<Response<Self::ChatStream>, Status> {
         let req = req.into_inner();
         if req.messages.is_empty() {
-            return Err(convert::invalid("messages", "is empty"));
+            return Err(wire::invalid("messages", "is empty"));
         }
         if let Some(i) = req.messages.iter().position(|m| m.role.is_empty()) {
-            return Err(convert::invalid(&format!("messages[{i}].role"), "is empty"));
+            return Err(wire::invalid(&format!("messages[{i}].role"), "is empty"));
         }
-        let input = GenInput::Chat(convert::chat_messages(&req.messages));
+        let input = GenInput::Chat(wire::chat_messages(&req.messages));
         self.start_generation(
             &req.model,
             req.session_id.clone(),
@@ -342,7 +404,7 @@ impl Colibri for Service {
                     rendered: String::new(),
                 })
             } else {
-                let msgs = convert::chat_messages(&req.messages);
+                let msgs = wire::chat_messages(&req.messages);
                 let (ids, rendered) = limits::encode_chat(text, &msgs, room, "messages")?;
                 Ok(pb::TokenizeResponse { ids, rendered })
             }
@@ -552,10 +614,7 @@ impl Colibri for Service {
     ) -> Result<Response<pb::CancelResponse>, Status> {
         let req = req.into_inner();
         if req.request_id.is_empty() && req.session_id.is_empty() {
-            return Err(convert::invalid(
-                "request_id",
-                "set request_id or session_id",
-            ));
+            return Err(wire::invalid("request_id", "set request_id or session_id"));
         }
         let mut cancelled = 0;
         for h in self.daemon.ready_models() {
@@ -607,7 +666,7 @@ impl Colibri for Service {
             let n = h.experts_per_layer.get(e.layer as usize).copied();
             match n {
                 None => {
-                    return Err(convert::invalid(
+                    return Err(wire::invalid(
                         &format!("experts[{i}].layer"),
                         format!(
                             "{} >= the model's {} layers",
@@ -617,13 +676,13 @@ impl Colibri for Service {
                     ))
                 }
                 Some(0) => {
-                    return Err(convert::invalid(
+                    return Err(wire::invalid(
                         &format!("experts[{i}].layer"),
                         format!("layer {} has no routed experts", e.layer),
                     ))
                 }
                 Some(n) if e.expert as usize >= n => {
-                    return Err(convert::invalid(
+                    return Err(wire::invalid(
                         &format!("experts[{i}].expert"),
                         format!("{} >= the {n} experts of layer {}", e.expert, e.layer),
                     ))
@@ -695,33 +754,9 @@ impl Colibri for Service {
         &self,
         req: Request<pb::ServeHttpRequest>,
     ) -> Result<Response<pb::ServeHttpResponse>, Status> {
-        let req = req.into_inner();
-        let address = if req.address.is_empty() {
-            format!("127.0.0.1:{}", crate::http::DEFAULT_PORT)
-        } else {
-            req.address
-        };
-        // The daemon's own --http-* settings (and its key, unless the request brings one).
-        let mut cfg = self.daemon.cfg.http.clone();
-        cfg.address = address;
-        if !req.api_key.is_empty() {
-            cfg.api_key = Some(req.api_key);
-        }
-        let (url, started) = crate::http::ensure_serving(&self.daemon, cfg)
+        self.serve_http_rpc(req.into_inner())
             .await
-            .map_err(|e| Status::failed_precondition(format!("{e:#}")))?;
-        let models = crate::http::models::listed(&self.daemon)
-            .into_iter()
-            .map(|(name, h)| pb::HttpModel {
-                name,
-                id: h.id.clone(),
-            })
-            .collect();
-        Ok(Response::new(pb::ServeHttpResponse {
-            url,
-            started,
-            models,
-        }))
+            .map(Response::new)
     }
 }
 

@@ -4,10 +4,10 @@
 //! [`parse_messages`] is pure (fuzzed with the OpenAI parsers). Blocks and fields the
 //! engine cannot honour are refused by name (docs/http.md).
 
+use super::app::{collect, read_body, resolve, App};
 use super::error::{ApiError, Flavor};
-use super::openai::{first_then_stream, json_schema_format, named_choice, stops, tool};
-use super::sse::{self, Translate};
-use super::{collect, read_body, resolve, App, GenParams, Sampling};
+use super::request::{json_schema_format, named_choice, stops, tool, GenParams, Sampling};
+use super::sse::{self, first_then_stream, Translate};
 use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -200,7 +200,7 @@ fn blocks_text(v: &Value, field: &str, system: bool) -> Result<String, ApiError>
 
 /// A Messages request (or a count_tokens one: `max_tokens` not required).
 pub fn parse_messages(bytes: &[u8], count_only: bool) -> Result<MessagesCall, ApiError> {
-    let b: MessagesBody = super::parse_json(bytes).map_err(|e| e.flavor(Flavor::Anthropic))?;
+    let b: MessagesBody = super::app::parse_json(bytes).map_err(|e| e.flavor(Flavor::Anthropic))?;
     parse_body(b, count_only).map_err(|e| e.flavor(Flavor::Anthropic))
 }
 
@@ -602,7 +602,7 @@ impl Translate for Events {
             }
             Event::Finished(f) => {
                 if f.reason == pb::FinishReason::Cancelled as i32 {
-                    return (self.error(super::cancelled()), true);
+                    return (self.error(super::app::cancelled()), true);
                 }
                 let mut frames = Vec::new();
                 self.close(&mut frames);

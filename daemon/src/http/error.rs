@@ -105,8 +105,8 @@ impl ApiError {
         };
         let context = st
             .metadata()
-            .get(crate::convert::ERROR_KIND_KEY)
-            .is_some_and(|v| v == crate::convert::CONTEXT_LENGTH_EXCEEDED);
+            .get(crate::wire::ERROR_KIND_KEY)
+            .is_some_and(|v| v == crate::wire::CONTEXT_LENGTH_EXCEEDED);
         let (status, code) = match st.code() {
             Code::InvalidArgument if context => {
                 (StatusCode::BAD_REQUEST, Some("context_length_exceeded"))
@@ -196,11 +196,11 @@ mod tests {
 
     #[test]
     fn statuses_map_to_http_codes_and_fields() {
-        let st = crate::convert::invalid("temperature", "must be finite");
+        let st = crate::wire::invalid("temperature", "must be finite");
         let e = ApiError::from_status(&st, &[]);
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert_eq!(e.param.as_deref(), Some("temperature"));
-        let st = crate::convert::context_exceeded("prompt of 300 tokens does not fit");
+        let st = crate::wire::context_exceeded("prompt of 300 tokens does not fit");
         let e = ApiError::from_status(&st, &[("prompt", "messages")]);
         assert_eq!(e.code, Some("context_length_exceeded"));
         assert_eq!(e.param.as_deref(), Some("messages"));

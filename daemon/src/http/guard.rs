@@ -1,8 +1,9 @@
 //! What stands in front of the handlers: the Host allowlist against DNS rebinding, CORS,
 //! the API key, and the per-route request counters of /metrics.
 
+use super::app::{flavor_of, App};
 use super::error::ApiError;
-use super::{flavor_of, App, HttpConfig};
+use crate::serving::HttpConfig;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;

@@ -1,101 +1,18 @@
 //! `GET /metrics`: Prometheus text exposition (format 0.0.4) of the daemon's work.
 //!
 //! Counters that only the request path sees (HTTP requests by route and status, finished
-//! generations by reason, the time-to-first-token histogram) are recorded here as they
+//! generations by reason, the time-to-first-token histogram) are recorded in [`crate::metrics`] as they
 //! happen, for gRPC and HTTP requests alike (the shared generation path in service.rs
 //! calls [`Metrics::generation_finished`]). Everything the daemon already keeps (tokens,
 //! queue depth, KV bytes, the expert cache's counters) is read at scrape time from the same
 //! figures `Status` reports, so the two never disagree.
 
 use crate::daemon::Daemon;
+use crate::metrics::{Metrics, TTFT_BUCKETS};
 use colibri_proto::v1 as pb;
-use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::Mutex;
-
-/// Upper bounds (seconds) of the time-to-first-token histogram's buckets.
-pub const TTFT_BUCKETS: [f64; 12] = [
-    0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
-];
-
-#[derive(Default)]
-pub struct Metrics {
-    inner: Mutex<Inner>,
-}
-
-#[derive(Default)]
-struct Inner {
-    /// (route, status code) → requests.
-    http: BTreeMap<(String, u16), u64>,
-    /// Canonical model id → its generations.
-    models: BTreeMap<String, ModelMetrics>,
-}
-
-#[derive(Default)]
-struct ModelMetrics {
-    /// Finish reason → generations.
-    finished: BTreeMap<&'static str, u64>,
-    ttft_buckets: [u64; TTFT_BUCKETS.len()],
-    ttft_count: u64,
-    ttft_sum: f64,
-    prompt_tokens: u64,
-    cached_tokens: u64,
-    generated_tokens: u64,
-    /// Seconds spent decoding (first token to last) and tokens decoded in them.
-    decode_seconds: f64,
-    decode_tokens: u64,
-    /// Decode speed of the last finished generation with at least two tokens.
-    last_decode_tps: f64,
-}
 
 impl Metrics {
-    pub fn http_request(&self, route: &str, status: u16) {
-        let mut g = self.inner.lock().expect("metrics lock");
-        *g.http.entry((route.to_string(), status)).or_default() += 1;
-    }
-
-    /// Records a generation's Finished event (any front door).
-    pub fn generation_finished(&self, model: &str, f: &pb::generate_event::Finished) {
-        let reason = match pb::FinishReason::try_from(f.reason) {
-            Ok(pb::FinishReason::Length) => "length",
-            Ok(pb::FinishReason::Eos) => "eos",
-            Ok(pb::FinishReason::Stop) => "stop",
-            Ok(pb::FinishReason::Cancelled) => "cancelled",
-            _ => "unspecified",
-        };
-        let mut g = self.inner.lock().expect("metrics lock");
-        let m = g.models.entry(model.to_string()).or_default();
-        *m.finished.entry(reason).or_default() += 1;
-        let Some(s) = &f.stats else { return };
-        m.prompt_tokens += s.prompt_tokens as u64;
-        m.cached_tokens += s.cached_tokens as u64;
-        m.generated_tokens += s.generated_tokens as u64;
-        if s.generated_tokens > 0 {
-            let ttft = s.time_to_first_token_ms / 1e3;
-            m.ttft_count += 1;
-            m.ttft_sum += ttft;
-            for (b, le) in m.ttft_buckets.iter_mut().zip(TTFT_BUCKETS) {
-                if ttft <= le {
-                    *b += 1;
-                }
-            }
-        }
-        if s.generated_tokens > 1 && s.decode_tokens_per_second > 0.0 {
-            let n = (s.generated_tokens - 1) as u64;
-            m.decode_tokens += n;
-            m.decode_seconds += n as f64 / s.decode_tokens_per_second;
-            m.last_decode_tps = s.decode_tokens_per_second;
-        }
-    }
-
-    /// A generation whose stream was dropped before it finished (the client went away, so
-    /// the engine cancels it) or that failed.
-    pub fn generation_ended_early(&self, model: &str, reason: &'static str) {
-        let mut g = self.inner.lock().expect("metrics lock");
-        let m = g.models.entry(model.to_string()).or_default();
-        *m.finished.entry(reason).or_default() += 1;
-    }
-
     /// The exposition text: recorded counters plus the daemon's current figures.
     pub fn render(&self, daemon: &Daemon, models: &[(String, pb::ModelStatus)]) -> String {
         let mut out = String::new();
@@ -354,70 +271,6 @@ impl Metrics {
             );
         }
         out
-    }
-}
-
-/// A generation's event stream that reports to [`Metrics`]: its Finished event, or, when
-/// it is dropped unfinished (a client gone: the engine cancels the generation) or fails,
-/// that.
-pub struct Observed {
-    inner: crate::service::BoxStream<pb::GenerateEvent>,
-    daemon: std::sync::Arc<Daemon>,
-    model: String,
-    ended: bool,
-}
-
-impl Observed {
-    pub fn new(
-        inner: crate::service::BoxStream<pb::GenerateEvent>,
-        daemon: std::sync::Arc<Daemon>,
-        model: String,
-    ) -> Observed {
-        Observed {
-            inner,
-            daemon,
-            model,
-            ended: false,
-        }
-    }
-}
-
-impl tokio_stream::Stream for Observed {
-    type Item = Result<pb::GenerateEvent, tonic::Status>;
-
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        let p = self.inner.as_mut().poll_next(cx);
-        if !self.ended {
-            match &p {
-                std::task::Poll::Ready(Some(Ok(pb::GenerateEvent {
-                    event: Some(pb::generate_event::Event::Finished(f)),
-                }))) => {
-                    self.ended = true;
-                    self.daemon.metrics.generation_finished(&self.model, f);
-                }
-                std::task::Poll::Ready(Some(Err(_)) | None) => {
-                    self.ended = true;
-                    self.daemon
-                        .metrics
-                        .generation_ended_early(&self.model, "error");
-                }
-                _ => {}
-            }
-        }
-        p
-    }
-}
-
-impl Drop for Observed {
-    fn drop(&mut self) {
-        if !self.ended {
-            self.daemon
-                .metrics
-                .generation_ended_early(&self.model, "cancelled");
-        }
     }
 }
 

@@ -13,19 +13,26 @@
 //! Around the handlers ([`guard`]): the Host allowlist (DNS rebinding), CORS (off unless
 //! origins are allowed), the API key, a body limit (413); errors in each API's own shape
 //! ([`error`]); `/metrics` in Prometheus text ([`metrics`]).
+//!
+//! Shared by both APIs, below this file: [`app`] (what every handler reaches, the body and
+//! its JSON, the model named, a whole answer read) and [`request`] (sampling, tools, stop
+//! strings as the proto wants them); the streamed answer's first event in [`sse`].
 
 pub mod anthropic;
+pub mod app;
 pub mod error;
 pub mod guard;
 pub mod metrics;
 pub mod models;
 pub mod openai;
+pub mod request;
 mod sse;
 pub mod web;
 
 use crate::daemon::{Daemon, ModelHandle};
 use crate::service::Service;
-use axum::body::{Body, Bytes};
+pub use crate::serving::{HttpConfig, Serving, DEFAULT_BODY_LIMIT, DEFAULT_PORT};
+use app::{flavor_of, resolve, unix_now, App};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -33,73 +40,8 @@ use axum::routing::{get, post};
 use axum::Router;
 use colibri_proto::v1 as pb;
 use error::{ApiError, Flavor};
-use http_body_util::BodyExt;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
-
-/// How the listener is set up (`colibrid --http ...` flags, or a ServeHttp request).
-#[derive(Clone, Debug)]
-pub struct HttpConfig {
-    /// host:port as given (a name such as `localhost` is resolved when binding).
-    pub address: String,
-    /// Clients must send it (Bearer or x-api-key); required for a non-loopback address.
-    pub api_key: Option<String>,
-    /// Host header values accepted besides loopback names and IP literals; "*" = any.
-    pub allowed_hosts: Vec<String>,
-    /// Origins allowed to call the API from a browser (CORS); empty = none, "*" = any.
-    pub cors_origins: Vec<String>,
-    /// Largest request body, bytes (larger: 413).
-    pub body_limit: usize,
-    /// A streamed answer sends a keep-alive (`ping` event / SSE comment) after this long
-    /// without another event, e.g. while a long prompt is prefilled.
-    pub ping_every: Duration,
-}
-
-impl HttpConfig {
-    pub fn new(address: impl Into<String>) -> HttpConfig {
-        HttpConfig {
-            address: address.into(),
-            api_key: None,
-            allowed_hosts: Vec::new(),
-            cors_origins: Vec::new(),
-            body_limit: DEFAULT_BODY_LIMIT,
-            ping_every: Duration::from_secs(5),
-        }
-    }
-}
-
-pub const DEFAULT_BODY_LIMIT: usize = 32 << 20;
-pub const DEFAULT_PORT: u16 = 11435;
-
-/// A running listener.
-pub struct Serving {
-    pub url: String,
-    pub addr: SocketAddr,
-    stop: tokio::sync::watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Serving {
-    /// Stops accepting, lets running requests end (their generations are being cancelled
-    /// by the unload that precedes this), waits at most `grace`.
-    pub async fn stop(self, grace: Duration) {
-        self.stop.send_replace(true);
-        let mut task = self.task;
-        if tokio::time::timeout(grace, &mut task).await.is_err() {
-            tracing::warn!("HTTP clients still connected after {grace:?}; closing anyway");
-            task.abort();
-        }
-    }
-}
-
-/// What every handler reaches.
-#[derive(Clone)]
-pub struct App {
-    pub daemon: Arc<Daemon>,
-    pub service: Arc<Service>,
-    pub cfg: Arc<HttpConfig>,
-}
 
 /// Binds the listener and serves until [`Serving::stop`]. Refuses a non-loopback address
 /// without an API key.
@@ -179,6 +121,43 @@ pub async fn ensure_serving(
     Ok((url, true))
 }
 
+impl Service {
+    /// The ServeHttp RPC (its gRPC handler in service.rs hands it here, to the layer that
+    /// owns the listener): starts the listener unless one runs, and lists the models it
+    /// serves.
+    pub(crate) async fn serve_http_rpc(
+        &self,
+        req: pb::ServeHttpRequest,
+    ) -> Result<pb::ServeHttpResponse, tonic::Status> {
+        let address = if req.address.is_empty() {
+            format!("127.0.0.1:{DEFAULT_PORT}")
+        } else {
+            req.address
+        };
+        // The daemon's own --http-* settings (and its key, unless the request brings one).
+        let mut cfg = self.daemon.cfg.http.clone();
+        cfg.address = address;
+        if !req.api_key.is_empty() {
+            cfg.api_key = Some(req.api_key);
+        }
+        let (url, started) = ensure_serving(&self.daemon, cfg)
+            .await
+            .map_err(|e| tonic::Status::failed_precondition(format!("{e:#}")))?;
+        let models = models::listed(&self.daemon)
+            .into_iter()
+            .map(|(name, h)| pb::HttpModel {
+                name,
+                id: h.id.clone(),
+            })
+            .collect();
+        Ok(pb::ServeHttpResponse {
+            url,
+            started,
+            models,
+        })
+    }
+}
+
 /// Every route, behind the guards.
 pub fn router(app: App) -> Router {
     let api = Router::new()
@@ -205,275 +184,6 @@ pub fn router(app: App) -> Router {
             guard::host_and_count,
         ))
         .with_state(app)
-}
-
-/// The API whose conventions a request follows: Anthropic's for /v1/messages and for any
-/// request carrying an `anthropic-version` header, OpenAI's otherwise.
-pub fn flavor_of(path: &str, headers: &HeaderMap) -> Flavor {
-    if path.starts_with("/v1/messages") || headers.contains_key("anthropic-version") {
-        Flavor::Anthropic
-    } else {
-        Flavor::OpenAi
-    }
-}
-
-/// The body, at most the configured limit (413 beyond it).
-pub async fn read_body(app: &App, body: Body, flavor: Flavor) -> Result<Bytes, ApiError> {
-    let limit = app.cfg.body_limit;
-    match http_body_util::Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the request body is larger than the limit of {limit} bytes (colibrid --http-body-limit)"),
-        )
-        .with_code("request_too_large")
-        .flavor(flavor)),
-        Err(e) => Err(
-            ApiError::new(StatusCode::BAD_REQUEST, format!("reading the request body: {e}"))
-                .flavor(flavor),
-        ),
-    }
-}
-
-/// Parses JSON into `T`; a syntax error or a bad value is a 400 naming the field's path
-/// (`messages[0].content`).
-pub fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    // serde would take a list for a struct's fields in order: only an object is a request.
-    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
-        Some(b'{') => {}
-        None => {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "the body is empty: send a JSON object",
-            ))
-        }
-        Some(_) if serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_err() => {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "the body is not valid JSON",
-            ))
-        }
-        Some(_) => {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "the body must be a JSON object of this endpoint's fields",
-            ))
-        }
-    }
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        let msg = strip_position(&inner.to_string()).to_string();
-        let missing = msg
-            .strip_prefix("missing field `")
-            .and_then(|r| r.split('`').next());
-        if inner.is_syntax() || inner.is_eof() {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                format!("the body is not valid JSON: {inner}"),
-            )
-        } else if let Some(name) = missing {
-            let full = if path == "." {
-                name.to_string()
-            } else {
-                format!("{path}.{name}")
-            };
-            ApiError::field(full, "is required")
-        } else if path == "." {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                format!("the body must be a JSON object of this endpoint's fields: {msg}"),
-            )
-        } else {
-            ApiError::field(path, msg)
-        }
-    })
-}
-
-/// serde_json's " at line 1 column 17" tail says nothing a client can use once the field
-/// is named.
-fn strip_position(msg: &str) -> &str {
-    msg.rfind(" at line ").map(|i| &msg[..i]).unwrap_or(msg)
-}
-
-/// The loaded model a request names, with its API name; 404 model_not_found otherwise.
-pub fn resolve(
-    app: &App,
-    model: &str,
-    flavor: Flavor,
-) -> Result<(String, Arc<ModelHandle>), ApiError> {
-    models::find(&app.daemon, model).ok_or_else(|| {
-        let known: Vec<String> = models::listed(&app.daemon)
-            .into_iter()
-            .map(|(n, _)| n)
-            .collect();
-        ApiError::model_not_found(model, &known).flavor(flavor)
-    })
-}
-
-/// Sampling as a request asked for it, each field None when the client left it out.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Sampling {
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<u32>,
-    pub min_p: Option<f32>,
-    pub repetition_penalty: Option<f32>,
-    pub seed: Option<u64>,
-    /// OpenAI's frequency / presence penalties and logit_bias (token id, bias).
-    pub frequency_penalty: Option<f32>,
-    pub presence_penalty: Option<f32>,
-    pub logit_bias: Vec<(u32, f32)>,
-}
-
-impl Sampling {
-    /// The proto's sampling: what the client set, else the model's generation_config.json
-    /// (as transformers and vLLM use it: `do_sample: false` means greedy), else the APIs'
-    /// documented defaults (temperature 1, top_p 1). A sampled request without a seed gets
-    /// a fresh one, so that two identical requests do not answer alike.
-    pub fn resolve(&self, model: &ModelHandle) -> pb::SamplingParams {
-        let d = model
-            .model
-            .text
-            .as_ref()
-            .map(|t| t.generation_defaults().clone())
-            .unwrap_or_default();
-        let temperature = self.temperature.unwrap_or(match d.do_sample {
-            Some(false) => 0.0,
-            _ => d.temperature.unwrap_or(1.0),
-        });
-        let seed = self.seed.unwrap_or_else(|| {
-            use std::hash::{BuildHasher, Hasher};
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u128(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos())
-                    .unwrap_or(0),
-            );
-            h.finish()
-        });
-        pb::SamplingParams {
-            temperature: Some(temperature),
-            top_k: self.top_k.or(d.top_k.map(|k| k as u32)).unwrap_or(0),
-            top_p: Some(self.top_p.or(d.top_p).unwrap_or(1.0)),
-            min_p: Some(self.min_p.or(d.min_p).unwrap_or(0.0)),
-            repetition_penalty: Some(
-                self.repetition_penalty
-                    .or(d.repetition_penalty)
-                    .unwrap_or(1.0),
-            ),
-            seed: Some(seed),
-            frequency_penalty: self.frequency_penalty,
-            presence_penalty: self.presence_penalty,
-            logit_bias: self.logit_bias.iter().copied().collect(),
-        }
-    }
-}
-
-/// What a generation handler needs besides the prompt.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct GenParams {
-    /// 0 = as many as fit in the context.
-    pub max_tokens: u32,
-    pub sampling: Sampling,
-    pub stop: Vec<String>,
-    pub ignore_eos: bool,
-    pub stream: bool,
-    pub include_usage: bool,
-    /// vLLM's extension: the generated token ids in the answer.
-    pub return_token_ids: bool,
-    /// Each generated token's log-probability, with this many alternatives (0..=20).
-    pub logprobs: bool,
-    pub top_logprobs: u32,
-    /// Structured output (json_object / json_schema); None = free text.
-    pub response_format: Option<pb::ResponseFormat>,
-}
-
-impl GenParams {
-    pub fn options(&self, model: &ModelHandle) -> pb::GenerationOptions {
-        pb::GenerationOptions {
-            sampling: Some(self.sampling.resolve(model)),
-            max_tokens: self.max_tokens,
-            clamp_max_tokens: true,
-            stop: self.stop.clone(),
-            ignore_eos: self.ignore_eos,
-            logprobs: self.logprobs,
-            top_logprobs: self.top_logprobs,
-            response_format: self.response_format.clone(),
-            ..Default::default()
-        }
-    }
-}
-
-/// The generated text and tokens of a whole (non-streamed) answer.
-#[derive(Debug, Default)]
-pub struct Collected {
-    pub started: pb::generate_event::Started,
-    pub text: String,
-    pub ids: Vec<u32>,
-    /// The reasoning (text between think tags) and the tokens' log-probabilities, when the
-    /// request asked for them.
-    pub reasoning: String,
-    pub logprobs: Vec<pb::TokenLogprob>,
-    pub finished: pb::generate_event::Finished,
-}
-
-/// Reads a generation's events to the end. A failure after the start (the engine stopped,
-/// the model was unloaded) is an error: a half answer is not passed off as whole.
-pub async fn collect(
-    mut events: crate::service::BoxStream<pb::GenerateEvent>,
-    fields: &[(&str, &str)],
-    flavor: Flavor,
-) -> Result<Collected, ApiError> {
-    use pb::generate_event::Event;
-    use tokio_stream::StreamExt;
-    let mut c = Collected::default();
-    while let Some(ev) = events.next().await {
-        match ev
-            .map_err(|st| ApiError::from_status(&st, fields).flavor(flavor))?
-            .event
-        {
-            Some(Event::Started(s)) => c.started = s,
-            Some(Event::Tokens(t)) => {
-                c.text.push_str(&t.text);
-                c.ids.extend(t.ids);
-                c.reasoning.push_str(&t.reasoning);
-                c.logprobs.extend(t.logprobs);
-            }
-            Some(Event::Finished(f)) => {
-                if f.reason == pb::FinishReason::Cancelled as i32 {
-                    return Err(cancelled().flavor(flavor));
-                }
-                c.finished = f;
-                return Ok(c);
-            }
-            None => {}
-        }
-    }
-    Err(ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "the generation ended without finishing (the daemon is stopping?)",
-    )
-    .flavor(flavor))
-}
-
-/// A generation cut short by the daemon (unload, shutdown, a Cancel RPC).
-pub fn cancelled() -> ApiError {
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "the generation was cancelled (the model was unloaded, the daemon is stopping, or a \
-         Cancel request named it)",
-    )
-}
-
-/// Seconds since the Unix epoch (the APIs' `created`).
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 async fn health(State(app): State<App>) -> Response {
@@ -609,33 +319,5 @@ mod tests {
         assert_eq!(chrono_like_utc(0), "1970-01-01T00:00:00Z");
         assert_eq!(chrono_like_utc(951_782_400), "2000-02-29T00:00:00Z");
         assert_eq!(chrono_like_utc(1_767_225_599), "2025-12-31T23:59:59Z");
-    }
-
-    #[test]
-    fn json_errors_name_the_field() {
-        #[derive(serde::Deserialize, Debug)]
-        #[allow(dead_code)]
-        struct R {
-            messages: Vec<M>,
-        }
-        #[derive(serde::Deserialize, Debug)]
-        #[allow(dead_code)]
-        struct M {
-            role: String,
-        }
-        let e = parse_json::<R>(br#"{"messages": [{"role": 3}]}"#).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("messages[0].role"));
-        assert!(e.message.contains("invalid type: integer"), "{}", e.message);
-        assert!(!e.message.contains("line 1"), "{}", e.message);
-        let e = parse_json::<R>(b"{\"messages\": [").unwrap_err();
-        assert_eq!(e.status, StatusCode::BAD_REQUEST);
-        assert!(e.message.contains("not valid JSON"), "{}", e.message);
-        let e = parse_json::<R>(b"{}").unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("messages"));
-        assert!(e.message.contains("is required"), "{}", e.message);
-        let e = parse_json::<R>(br#"{"messages": [{}]}"#).unwrap_err();
-        assert_eq!(e.param.as_deref(), Some("messages[0].role"));
-        let e = parse_json::<R>(b"[1]").unwrap_err();
-        assert!(e.message.contains("JSON object"), "{}", e.message);
     }
 }

@@ -5,9 +5,10 @@
 //! a model (the fuzz target and the mutation test call them directly). Fields the engine
 //! cannot honour are refused by name, never ignored (docs/http.md lists them).
 
+use super::app::{collect, read_body, resolve, unix_now, App};
 use super::error::{ApiError, Flavor};
-use super::sse::{self, Translate};
-use super::{collect, read_body, resolve, unix_now, App, GenParams, Sampling};
+use super::request::{json_schema_format, named_choice, stops, tool, GenParams, Sampling};
+use super::sse::{self, first_then_stream, Translate};
 use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -283,49 +284,6 @@ fn tools(v: &[Value]) -> Result<Vec<pb::Tool>, ApiError> {
         .collect()
 }
 
-/// One function tool: `name`, `description`, and its arguments' JSON schema under
-/// `schema_key` (OpenAI's `parameters`, Anthropic's `input_schema`).
-pub fn tool(func: &Value, f: &str, schema_key: &str) -> Result<pb::Tool, ApiError> {
-    let name = func
-        .get("name")
-        .and_then(Value::as_str)
-        .filter(|n| !n.is_empty())
-        .ok_or_else(|| ApiError::field(format!("{f}.name"), "must be a non-empty string"))?;
-    let parameters = match func.get(schema_key) {
-        None | Some(Value::Null) => String::new(),
-        Some(p @ Value::Object(_)) => p.to_string(),
-        Some(_) => {
-            return Err(ApiError::field(
-                format!("{f}.{schema_key}"),
-                "must be a JSON schema object",
-            ))
-        }
-    };
-    Ok(pb::Tool {
-        name: name.to_string(),
-        description: func
-            .get("description")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string(),
-        parameters,
-    })
-}
-
-/// A tool choice that names a function must name one of the request's tools.
-pub fn named_choice(name: &str, tools: &[pb::Tool], f: &str) -> Result<pb::ToolChoice, ApiError> {
-    if !tools.iter().any(|t| t.name == name) {
-        return Err(ApiError::field(
-            f,
-            format!("names '{name}', which is not one of the request's tools"),
-        ));
-    }
-    Ok(pb::ToolChoice {
-        mode: pb::tool_choice::Mode::Named as i32,
-        name: name.to_string(),
-    })
-}
-
 fn tool_choice(v: Option<&Value>, tools: &[pb::Tool]) -> Result<Option<pb::ToolChoice>, ApiError> {
     let mode = |m: pb::tool_choice::Mode| {
         Some(pb::ToolChoice {
@@ -442,35 +400,6 @@ fn response_format(v: Option<&Value>) -> Result<Option<pb::ResponseFormat>, ApiE
     }
 }
 
-pub fn json_schema_format(schema: &Value) -> pb::ResponseFormat {
-    pb::ResponseFormat {
-        r#type: pb::response_format::Type::JsonSchema as i32,
-        schema: schema.to_string(),
-        grammar: String::new(),
-    }
-}
-
-/// `stop`: a string or a list of strings.
-pub fn stops(v: Option<&Value>, field: &str) -> Result<Vec<String>, ApiError> {
-    match v {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::String(s)) => Ok(vec![s.clone()]),
-        Some(Value::Array(a)) => a
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                s.as_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| ApiError::field(format!("{field}[{i}]"), "must be a string"))
-            })
-            .collect(),
-        Some(_) => Err(ApiError::field(
-            field,
-            "must be a string or a list of strings",
-        )),
-    }
-}
-
 /// A message's content: a string, null, or a list of text parts (joined by newlines).
 fn content_text(v: Option<&Value>, field: &str) -> Result<String, ApiError> {
     match v {
@@ -511,7 +440,7 @@ fn content_text(v: Option<&Value>, field: &str) -> Result<String, ApiError> {
 }
 
 pub fn parse_chat(bytes: &[u8]) -> Result<ChatCall, ApiError> {
-    let mut b: ChatBody = super::parse_json(bytes)?;
+    let mut b: ChatBody = super::app::parse_json(bytes)?;
     let common = b.common();
     let (max, max_field) = match (b.max_completion_tokens, common.max_tokens) {
         (Some(m), _) => (Some(m), "max_completion_tokens"),
@@ -582,7 +511,7 @@ pub fn parse_chat(bytes: &[u8]) -> Result<ChatCall, ApiError> {
 }
 
 pub fn parse_completion(bytes: &[u8]) -> Result<CompletionCall, ApiError> {
-    let mut b: CompletionBody = super::parse_json(bytes)?;
+    let mut b: CompletionBody = super::app::parse_json(bytes)?;
     let common = b.common();
     let mut params = params(&common, common.max_tokens, "max_tokens")?;
     if let Some(n) = b.logprobs {
@@ -878,55 +807,6 @@ fn with_request_id(mut r: Response, id: &str) -> Response {
     r
 }
 
-/// The stream's first event is the daemon's Started (the prompt was accepted, already
-/// received): it names the request, so it is read before the response's headers go out.
-pub(super) async fn first_then_stream<T: Translate>(
-    mut events: crate::service::BoxStream<pb::GenerateEvent>,
-    mut t: T,
-    app: &App,
-) -> Response {
-    use tokio_stream::StreamExt;
-    let mut pre = Vec::new();
-    let mut rid = String::new();
-    match events.next().await {
-        Some(Ok(pb::GenerateEvent { event: Some(ev) })) => {
-            if let Event::Started(s) = &ev {
-                rid = s.request_id.clone();
-            }
-            pre = t.event(ev).0;
-        }
-        Some(Err(st)) => return ApiError::from_status(&st, &[]).into_response(),
-        _ => {}
-    }
-    sse::response(events, Prefixed { pre, inner: t }, app.cfg.ping_every, &rid)
-}
-
-/// Frames already produced (from the Started event) go out first.
-struct Prefixed<T> {
-    pre: Vec<String>,
-    inner: T,
-}
-
-impl<T: Translate> Translate for Prefixed<T> {
-    fn event(&mut self, ev: Event) -> (Vec<String>, bool) {
-        let (frames, done) = self.inner.event(ev);
-        let mut out = std::mem::take(&mut self.pre);
-        out.extend(frames);
-        (out, done)
-    }
-    fn error(&mut self, e: ApiError) -> Vec<String> {
-        let mut out = std::mem::take(&mut self.pre);
-        out.extend(self.inner.error(e));
-        out
-    }
-    fn ping(&self) -> String {
-        self.inner.ping()
-    }
-    fn start(&mut self) -> Vec<String> {
-        std::mem::take(&mut self.pre)
-    }
-}
-
 #[derive(Clone, Copy, PartialEq)]
 enum Kind {
     Chat,
@@ -1049,7 +929,7 @@ impl Translate for Chunks {
             }
             Event::Finished(f) => {
                 if f.reason == pb::FinishReason::Cancelled as i32 {
-                    return (self.error(super::cancelled()), true);
+                    return (self.error(super::app::cancelled()), true);
                 }
                 let c = self.choice(None, Some(finish_reason(&f)), None);
                 let mut frames = vec![self.chunk(json!([c]))];

@@ -4,12 +4,14 @@
 //! before the engine's next step. While nothing else is sent (a long prompt being
 //! prefilled) a keep-alive goes out every `ping_every`.
 
+use super::app::App;
 use super::error::ApiError;
 use crate::service::BoxStream;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, StatusCode};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use colibri_proto::v1 as pb;
+use pb::generate_event::Event;
 use std::convert::Infallible;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -113,4 +115,53 @@ pub fn response(
         h.insert("x-request-id", v);
     }
     r
+}
+
+/// The stream's first event is the daemon's Started (the prompt was accepted, already
+/// received): it names the request, so it is read before the response's headers go out.
+pub async fn first_then_stream<T: Translate>(
+    mut events: BoxStream<pb::GenerateEvent>,
+    mut t: T,
+    app: &App,
+) -> Response {
+    use tokio_stream::StreamExt;
+    let mut pre = Vec::new();
+    let mut rid = String::new();
+    match events.next().await {
+        Some(Ok(pb::GenerateEvent { event: Some(ev) })) => {
+            if let Event::Started(s) = &ev {
+                rid = s.request_id.clone();
+            }
+            pre = t.event(ev).0;
+        }
+        Some(Err(st)) => return ApiError::from_status(&st, &[]).into_response(),
+        _ => {}
+    }
+    response(events, Prefixed { pre, inner: t }, app.cfg.ping_every, &rid)
+}
+
+/// Frames already produced (from the Started event) go out first.
+struct Prefixed<T> {
+    pre: Vec<String>,
+    inner: T,
+}
+
+impl<T: Translate> Translate for Prefixed<T> {
+    fn event(&mut self, ev: Event) -> (Vec<String>, bool) {
+        let (frames, done) = self.inner.event(ev);
+        let mut out = std::mem::take(&mut self.pre);
+        out.extend(frames);
+        (out, done)
+    }
+    fn error(&mut self, e: ApiError) -> Vec<String> {
+        let mut out = std::mem::take(&mut self.pre);
+        out.extend(self.inner.error(e));
+        out
+    }
+    fn ping(&self) -> String {
+        self.inner.ping()
+    }
+    fn start(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.pre)
+    }
 }

@@ -24,8 +24,9 @@
 
 pub mod grid;
 
+use super::app::{read_body, App};
 use super::error::ApiError;
-use super::{models, read_body, App};
+use super::models;
 use crate::daemon::{memory_stats, Daemon, ModelHandle};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, Request, State};
@@ -215,7 +216,7 @@ async fn same_origin(State(app): State<App>, req: Request, next: Next) -> Respon
 /// names none.
 fn model_named(app: &App, name: Option<&str>) -> Result<(String, Arc<ModelHandle>), ApiError> {
     match name.filter(|n| !n.is_empty()) {
-        Some(n) => super::resolve(app, n, super::error::Flavor::OpenAi),
+        Some(n) => super::app::resolve(app, n, super::error::Flavor::OpenAi),
         None => {
             let mut all = models::listed(&app.daemon);
             match all.len() {
@@ -397,7 +398,7 @@ fn snapshot(app: &App, name: &str, h: &ModelHandle, grid: &Grid) -> Value {
         "model": model_json(&app.daemon, name, h),
         "grid": grid.snapshot_json(),
         "memory": memory_json(&app.daemon),
-        "t": super::unix_now(),
+        "t": super::app::unix_now(),
     })
 }
 
@@ -484,7 +485,7 @@ async fn expert_events(
                 "grid": delta,
                 "model": model,
                 "memory": memory_json(&app.daemon),
-                "t": super::unix_now(),
+                "t": super::app::unix_now(),
             });
             if tx.send(Ok(sse_frame("delta", &ev))).await.is_err() {
                 return;
@@ -534,7 +535,7 @@ fn parse_size(v: &Value) -> Result<u64, ApiError> {
 /// (`progress` {stage, done, total, message}, then `ready` {model} or `error` {message}).
 async fn load(State(app): State<App>, body: Body) -> Result<Response, ApiError> {
     let b: LoadBody =
-        super::parse_json(&read_body(&app, body, super::error::Flavor::OpenAi).await?)?;
+        super::app::parse_json(&read_body(&app, body, super::error::Flavor::OpenAi).await?)?;
     if b.model.trim().is_empty() {
         return Err(ApiError::field("model", "is empty: give a model folder"));
     }
@@ -591,7 +592,7 @@ struct ModelBody {
 
 async fn unload(State(app): State<App>, body: Body) -> Result<Response, ApiError> {
     let b: ModelBody =
-        super::parse_json(&read_body(&app, body, super::error::Flavor::OpenAi).await?)?;
+        super::app::parse_json(&read_body(&app, body, super::error::Flavor::OpenAi).await?)?;
     let (name, h) = model_named(&app, b.model.as_deref())?;
     let r = app.daemon.unload(&h.id).await.map_err(status_error)?;
     Ok(
@@ -610,7 +611,7 @@ struct KeepAliveBody {
 
 async fn keep_alive(State(app): State<App>, body: Body) -> Result<Response, ApiError> {
     let b: KeepAliveBody =
-        super::parse_json(&read_body(&app, body, super::error::Flavor::OpenAi).await?)?;
+        super::app::parse_json(&read_body(&app, body, super::error::Flavor::OpenAi).await?)?;
     let (name, h) = model_named(&app, b.model.as_deref())?;
     let own = match b.seconds {
         None => None,
@@ -642,7 +643,7 @@ fn pinned_json(r: pb::PinResponse) -> Value {
 
 async fn pin(State(app): State<App>, body: Body) -> Result<Response, ApiError> {
     let b: PinBody =
-        super::parse_json(&read_body(&app, body, super::error::Flavor::OpenAi).await?)?;
+        super::app::parse_json(&read_body(&app, body, super::error::Flavor::OpenAi).await?)?;
     let (_, h) = model_named(&app, b.model.as_deref())?;
     let r = app
         .service
@@ -663,7 +664,7 @@ async fn pin(State(app): State<App>, body: Body) -> Result<Response, ApiError> {
 
 async fn unpin(State(app): State<App>, body: Body) -> Result<Response, ApiError> {
     let b: PinBody =
-        super::parse_json(&read_body(&app, body, super::error::Flavor::OpenAi).await?)?;
+        super::app::parse_json(&read_body(&app, body, super::error::Flavor::OpenAi).await?)?;
     let (_, h) = model_named(&app, b.model.as_deref())?;
     let r = app
         .service
@@ -690,7 +691,7 @@ struct SessionBody {
 
 async fn create_session(State(app): State<App>, body: Body) -> Result<Response, ApiError> {
     let b: SessionBody =
-        super::parse_json(&read_body(&app, body, super::error::Flavor::OpenAi).await?)?;
+        super::app::parse_json(&read_body(&app, body, super::error::Flavor::OpenAi).await?)?;
     let (_, h) = model_named(&app, b.model.as_deref())?;
     let s = app
         .service

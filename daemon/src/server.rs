@@ -206,6 +206,7 @@ async fn serve(
         .build_v1alpha()?;
     let colibri = pb::colibri_server::ColibriServer::new(Service {
         daemon: Arc::clone(&daemon),
+        serve_http: crate::http::serve_http_rpc,
     })
     // Requests may carry long prompts; Score answers carry positions × vocab logits. Both
     // are bounded (crate::limits, docs/daemon.md).

@@ -11,6 +11,7 @@ use colibri_engine::model::LoadStage;
 use colibri_proto::v1 as pb;
 use pb::colibri_server::Colibri;
 use pb::load_model_progress::Stage;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
@@ -85,8 +86,17 @@ impl Drop for Observed {
     }
 }
 
+/// The ServeHttp RPC's work. It belongs to the HTTP layer, which sits above this one, so the
+/// gRPC door is handed it (server.rs passes `http::serve_http_rpc`) instead of importing it.
+pub type ServeHttpFn =
+    fn(
+        Arc<Daemon>,
+        pb::ServeHttpRequest,
+    ) -> Pin<Box<dyn Future<Output = Result<pb::ServeHttpResponse, Status>> + Send>>;
+
 pub struct Service {
     pub daemon: Arc<Daemon>,
+    pub serve_http: ServeHttpFn,
 }
 
 fn engine_gone() -> Status {
@@ -754,7 +764,7 @@ impl Colibri for Service {
         &self,
         req: Request<pb::ServeHttpRequest>,
     ) -> Result<Response<pb::ServeHttpResponse>, Status> {
-        self.serve_http_rpc(req.into_inner())
+        (self.serve_http)(Arc::clone(&self.daemon), req.into_inner())
             .await
             .map(Response::new)
     }

@@ -40,7 +40,9 @@ use axum::routing::{get, post};
 use axum::Router;
 use colibri_proto::v1 as pb;
 use error::{ApiError, Flavor};
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 
 /// Binds the listener and serves until [`Serving::stop`]. Refuses a non-loopback address
@@ -80,6 +82,7 @@ pub async fn start(daemon: Arc<Daemon>, cfg: HttpConfig) -> anyhow::Result<Servi
     let app = App {
         service: Arc::new(Service {
             daemon: Arc::clone(&daemon),
+            serve_http: serve_http_rpc,
         }),
         daemon,
         cfg: Arc::new(cfg),
@@ -121,29 +124,28 @@ pub async fn ensure_serving(
     Ok((url, true))
 }
 
-impl Service {
-    /// The ServeHttp RPC (its gRPC handler in service.rs hands it here, to the layer that
-    /// owns the listener): starts the listener unless one runs, and lists the models it
-    /// serves.
-    pub(crate) async fn serve_http_rpc(
-        &self,
-        req: pb::ServeHttpRequest,
-    ) -> Result<pb::ServeHttpResponse, tonic::Status> {
+/// The ServeHttp RPC (its gRPC handler in service.rs is handed this function by server.rs):
+/// starts the listener unless one runs, and lists the models it serves.
+pub fn serve_http_rpc(
+    daemon: Arc<Daemon>,
+    req: pb::ServeHttpRequest,
+) -> Pin<Box<dyn Future<Output = Result<pb::ServeHttpResponse, tonic::Status>> + Send>> {
+    Box::pin(async move {
         let address = if req.address.is_empty() {
             format!("127.0.0.1:{DEFAULT_PORT}")
         } else {
             req.address
         };
         // The daemon's own --http-* settings (and its key, unless the request brings one).
-        let mut cfg = self.daemon.cfg.http.clone();
+        let mut cfg = daemon.cfg.http.clone();
         cfg.address = address;
         if !req.api_key.is_empty() {
             cfg.api_key = Some(req.api_key);
         }
-        let (url, started) = ensure_serving(&self.daemon, cfg)
+        let (url, started) = ensure_serving(&daemon, cfg)
             .await
             .map_err(|e| tonic::Status::failed_precondition(format!("{e:#}")))?;
-        let models = models::listed(&self.daemon)
+        let models = models::listed(&daemon)
             .into_iter()
             .map(|(name, h)| pb::HttpModel {
                 name,
@@ -155,7 +157,7 @@ impl Service {
             started,
             models,
         })
-    }
+    })
 }
 
 /// Every route, behind the guards.

@@ -504,6 +504,54 @@ pub fn circle_report() -> String {
     report
 }
 
+/// Each crate's files by floor: floor 0 names nothing else in its crate, floor n names only
+/// files on lower floors (a file's floor is its longest chain of imports down). Only
+/// meaningful once there is no circle; files in a circle are left out.
+pub fn floors() -> String {
+    let root = workspace();
+    let mut out = String::new();
+    for name in CRATES {
+        let Some(krate) = load_crate(&root.join(name)) else {
+            continue;
+        };
+        let edges = file_graph(&krate);
+        let mut floor: BTreeMap<PathBuf, usize> = BTreeMap::new();
+        // Repeated relaxation: a DAG settles in at most |files| rounds.
+        for _ in 0..=edges.len() {
+            let mut changed = false;
+            for (f, to) in &edges {
+                let known: Option<usize> = to
+                    .iter()
+                    .map(|t| floor.get(t).map(|x| x + 1))
+                    .try_fold(0usize, |m, x| x.map(|x| m.max(x)));
+                if let Some(level) = known {
+                    if floor.get(f) != Some(&level) {
+                        floor.insert(f.clone(), level);
+                        changed = true;
+                    }
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        let top = floor.values().copied().max().unwrap_or(0);
+        out.push_str(&format!("{name}:\n"));
+        for level in 0..=top {
+            let files: Vec<String> = floor
+                .iter()
+                .filter(|(_, l)| **l == level)
+                .map(|(f, _)| {
+                    let rel = f.strip_prefix(root.join(name).join("src")).unwrap_or(f);
+                    rel.display().to_string()
+                })
+                .collect();
+            out.push_str(&format!("  floor {level}: {}\n", files.join(" ")));
+        }
+    }
+    out
+}
+
 /// Source files over [`MAX_LINES`] outside kernels and tests, with their line counts.
 pub fn long_files() -> Vec<String> {
     let mut long = Vec::new();

@@ -29,6 +29,9 @@ const CRATES: &[&str] = &["engine", "daemon", "client", "proto", "tests"];
 
 type ModPath = Vec<String>;
 
+/// One `use` binding: the local name, the path it stands for, whether it is a glob.
+type Binding = (String, ModPath, bool);
+
 /// One module (a file, or an inline `mod x { … }` inside one).
 #[derive(Default)]
 struct Module {
@@ -149,7 +152,7 @@ fn defining_file(krate: &Crate, path: &ModPath, depth: usize) -> Option<PathBuf>
     Some(module.file.clone())
 }
 
-fn use_tree(tree: &syn::UseTree, prefix: &mut Vec<String>, out: &mut Vec<(String, ModPath, bool)>) {
+fn use_tree(tree: &syn::UseTree, prefix: &mut Vec<String>, out: &mut Vec<Binding>) {
     match tree {
         syn::UseTree::Path(p) => {
             prefix.push(p.ident.to_string());
@@ -323,7 +326,7 @@ fn load_crate(root: &Path) -> Option<Crate> {
     );
     // Second pass: bindings (which need every module's name) and references.
     let mut refs = Vec::new();
-    let mut bindings: Vec<(ModPath, Vec<(String, ModPath, bool)>)> = Vec::new();
+    let mut bindings: Vec<(ModPath, Vec<Binding>)> = Vec::new();
     for (at, _, items) in &asts {
         let mut out = Vec::new();
         for item in items {

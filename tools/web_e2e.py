@@ -12,7 +12,11 @@ expert cache, so the grid shows experts on disk, being read and cached. Checks:
 - Stop (the Escape key) cancels a long reply: it stops growing, the daemon frees the slot;
 - the conversation is a daemon session: listed after a reload, reopened with its messages;
 - keep-alive and pinning from the Models pane reach the daemon;
-- at phone width the panes become tabs.
+- at phone width the panes become tabs;
+- a page of another origin (another loopback port, and `localhost` for a cross-site one)
+  cannot drive the API: its `fetch(..., {mode: "no-cors"})` POSTs and its form POSTs are
+  refused (403), the daemon's Prometheus counters show that no prompt token was read and no
+  step ran, and the model and its pins are unchanged.
 
 Screenshots (desktop 1280x800 and phone width) go to --artifacts. It also draws a GLM-5
 shaped grid (78 x 256) from a synthetic snapshot and prints how long its updates take
@@ -20,6 +24,7 @@ shaped grid (78 x 256) from a synthetic snapshot and prints how long its updates
 """
 
 import argparse
+import http.server
 import json
 import os
 import random
@@ -28,6 +33,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -70,6 +76,106 @@ def api(base, path, body=None, method=None):
         req.add_header("content-type", "application/json")
     with urllib.request.urlopen(req, data, timeout=30) as r:
         return json.loads(r.read())
+
+
+def metrics(base):
+    """The daemon's Prometheus text as {series: value}."""
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def total(m, prefix):
+    return sum(v for k, v in m.items() if k.startswith(prefix))
+
+
+ATTACK_PAGE = """<!doctype html><meta charset=utf-8><title>some page</title>
+<iframe name=sink></iframe>
+<form id=chat target=sink method=POST enctype=text/plain action="API/v1/chat/completions">
+<input name='{"model":"MODEL","max_tokens":8,"messages":[{"role":"user","content":"hi"}],"x":"' value='"}'>
+</form>
+<form id=unload target=sink method=POST action="API/api/models/unload"><input name=model value="MODEL"></form>
+"""
+
+
+def serve_attack_page(api, model):
+    """A page on another loopback port: what a site the user visits could serve."""
+    page = ATTACK_PAGE.replace("API", api).replace("MODEL", model).encode()
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.send_header("content-length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def cross_origin_attack(driver, base, model, pins_before):
+    """Another origin's page sends what a browser sends without a preflight."""
+    srv = serve_attack_page(base, model)
+    port = srv.server_address[1]
+    try:
+        before = metrics(base)
+        # 127.0.0.1 on another port is the same site, another origin; localhost is another site.
+        for host in ("127.0.0.1", "localhost"):
+            driver.get(f"http://{host}:{port}/")
+            statuses = driver.execute_async_script("""
+                const [api, model, done] = arguments;
+                const chat = JSON.stringify({model, max_tokens: 8, messages: [{role: "user", content: "hi"}]});
+                Promise.allSettled([
+                  fetch(api + "/v1/chat/completions", {method: "POST", mode: "no-cors", body: chat}),
+                  fetch(api + "/v1/completions", {method: "POST", mode: "no-cors",
+                        body: JSON.stringify({model, prompt: "hi", max_tokens: 8})}),
+                  fetch(api + "/v1/messages", {method: "POST", mode: "no-cors", body: chat,
+                        headers: {"content-type": "text/plain"}}),
+                  fetch(api + "/api/models/unload", {method: "POST", mode: "no-cors",
+                        body: JSON.stringify({model})}),
+                  fetch(api + "/api/unpin", {method: "POST", mode: "no-cors", body: JSON.stringify({model})}),
+                  fetch(api + "/metrics", {mode: "no-cors"}),
+                ]).then(r => done(r.map(x => x.status)));
+            """, base, model)
+            check(len(statuses) == 6, f"the {host} page sent its no-cors requests ({statuses})")
+            driver.execute_script("document.getElementById('chat').submit()")
+            time.sleep(0.5)
+            driver.execute_script("document.getElementById('unload').submit()")
+            time.sleep(0.5)
+        after = wait_for(lambda: (lambda m: m if total(m, 'colibri_http_requests_total{route="/v1/chat/completions",code="403"}') >= 4 else None)(metrics(base)),
+                         10, "the refusals counted")
+        refused = {k: v - before.get(k, 0) for k, v in after.items()
+                   if k.startswith("colibri_http_requests_total") and v != before.get(k, 0)}
+        print(f"note cross-origin requests answered: {refused}", flush=True)
+        check(all('code="403"' in k for k in refused if 'route="/v1' in k or 'route="/api"' in k),
+              "every request of the other origins' pages to /v1 and /api was answered 403")
+        check(total(refused, 'colibri_http_requests_total{route="/v1/chat/completions",code="403"}') >= 4,
+              "the no-cors fetch and the form POST to /v1/chat/completions reached the daemon and were refused")
+        check(total(refused, 'colibri_http_requests_total{route="/metrics",code="403"}') >= 2,
+              "the other origins' pages may not read /metrics either")
+        for series in ("colibri_prompt_tokens_total", "colibri_steps_total", "colibri_generations_total",
+                       "colibri_generated_tokens_total"):
+            check(total(after, series) == total(before, series),
+                  f"{series} unchanged: no generation started ({total(before, series)} -> {total(after, series)})")
+        status = api(base, "/api/status")
+        check(len(status["models"]) == 1, "the model is still loaded")
+        check(status["models"][0]["cache"]["pinned_experts"] == pins_before,
+              f"its {pins_before} pins are still there")
+        # The refused loads are logged on the other page's console: drain them, they are not
+        # the dashboard's.
+        console_errors(driver)
+    finally:
+        srv.shutdown()
 
 
 def console_errors(driver):
@@ -292,6 +398,11 @@ def main():
 
         errs = console_errors(driver)
         check(not errs, f"no console errors after the chat, stop, reload and pins {errs}")
+
+        # --- another origin's page cannot drive the API -----------------------------------
+        cross_origin_attack(driver, base, model, 3)
+        driver.get(page)
+        wait_for(lambda: "live" in driver.find_element(By.ID, "conn").text, 20, "the live stream again")
 
         # --- phone width: one pane at a time, chosen by tabs -----------------------------
         viewport(390, 844, mobile=True)

@@ -145,6 +145,16 @@ pub fn read_chunk(r: &mut impl BufRead) -> Option<Vec<u8>> {
 
 pub fn read_response(r: &mut impl BufRead) -> Response {
     let (status, headers) = read_head(r);
+    let body = read_body(r, &headers);
+    Response {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// The body that follows a head (chunked, sized, or up to the end of the connection).
+pub fn read_body(r: &mut impl BufRead, headers: &[(String, String)]) -> Vec<u8> {
     let chunked = headers
         .iter()
         .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
@@ -159,9 +169,5 @@ pub fn read_response(r: &mut impl BufRead) -> Response {
     } else {
         r.read_to_end(&mut body).expect("body");
     }
-    Response {
-        status,
-        headers,
-        body,
-    }
+    body
 }

@@ -37,3 +37,16 @@ url=$(printf '%s' "$served" | python3 -c 'import json,sys; print(json.load(sys.s
 echo "http_sdk: colibrid serves $url"
 "$venv/bin/python" tools/http_sdk_test.py --url "$url" --key "$key" --model olmoe \
   --model-dir tests/fixtures/olmoe --coli "$bin/coli" --tools-model qwen3_moe --reasoning-model deepseek_r1 || { cat "$work/colibrid.log" >&2; exit 1; }
+# docs/http.md's curl example, as written there (only the address and the key added): the
+# origin policy and the JSON-only rule leave it working.
+example=$(awk '/^curl http:\/\/127.0.0.1:11435\/v1\/chat\/completions/{on=1} on&&/^```/{exit} on' docs/http.md)
+[ -n "$example" ] || { echo "http_sdk: no curl example in docs/http.md" >&2; exit 1; }
+example=${example//http:\/\/127.0.0.1:11435\/v1/$url}
+auth="authorization: Bearer $key"
+example=${example/curl /curl -sS -H \"\$auth\" }
+out=$(eval "$example")
+if printf '%s' "$out" | grep -q '^data: \[DONE\]'; then
+  echo "http_sdk: ok   docs/http.md's curl example streams to [DONE]"
+else
+  echo "http_sdk: FAIL docs/http.md's curl example: $out" >&2; exit 1
+fi

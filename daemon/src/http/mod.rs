@@ -25,6 +25,7 @@ pub mod guard;
 pub mod metrics;
 pub mod models;
 pub mod openai;
+pub mod origin;
 pub mod request;
 mod sse;
 pub mod web;
@@ -170,7 +171,7 @@ pub fn router(app: App) -> Router {
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/metrics", get(prometheus))
-        .merge(web::api_routes(&app))
+        .merge(web::api_routes())
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             app.clone(),
@@ -181,6 +182,10 @@ pub fn router(app: App) -> Router {
         .merge(web::page_routes())
         .merge(api)
         .layer(guard::cors(&app.cfg))
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            origin::guard,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             app.clone(),
             guard::host_and_count,

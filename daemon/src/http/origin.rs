@@ -12,7 +12,12 @@
 //! `Sec-Fetch-Site` (on every request of current browsers). A request with neither header
 //! comes from an SDK, curl or an agent, and is unaffected.
 
-use axum::http::{HeaderMap, Method};
+use super::app::{flavor_of, App};
+use super::error::ApiError;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 
 /// Why a request was refused, as the message its 403 or 415 carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,9 +141,17 @@ pub fn check_json_body(method: &Method, path: &str, headers: &HeaderMap) -> Resu
     if !takes_body || !(path.starts_with("/v1/") || path.starts_with("/api/")) {
         return Ok(());
     }
-    let content_type = headers.get("content-type").map(|v| v.to_str().unwrap_or("\u{fffd}"));
+    let content_type = headers
+        .get("content-type")
+        .map(|v| v.to_str().unwrap_or("\u{fffd}"));
     let essence = content_type
-        .map(|c| c.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
+        .map(|c| {
+            c.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
         .unwrap_or_default();
     if essence == "application/json" {
         Ok(())
@@ -147,6 +160,30 @@ pub fn check_json_body(method: &Method, path: &str, headers: &HeaderMap) -> Resu
             Some(c) => format!("content-type: {c}"),
             None => "no content-type".into(),
         }))
+    }
+}
+
+/// The layer in front of every route (inside the Host check, outside CORS): a request the
+/// policy refuses never reaches a handler, so nothing is generated, loaded or changed.
+pub async fn guard(State(app): State<App>, req: Request, next: Next) -> Response {
+    let (method, path, headers) = (req.method(), req.uri().path(), req.headers());
+    let refused = check_origin(method, path, headers, &app.cfg.cors_origins)
+        .map_err(|r| (StatusCode::FORBIDDEN, "origin_not_allowed", r))
+        .and_then(|()| {
+            check_json_body(method, path, headers).map_err(|r| {
+                (
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "unsupported_media_type",
+                    r,
+                )
+            })
+        });
+    match refused {
+        Ok(()) => next.run(req).await,
+        Err((status, code, why)) => ApiError::new(status, why.message())
+            .with_code(code)
+            .flavor(flavor_of(path, headers))
+            .into_response(),
     }
 }
 
@@ -168,8 +205,14 @@ mod tests {
     #[test]
     fn requests_without_browser_headers_pass() {
         for path in ["/v1/chat/completions", "/api/models/load", "/metrics", "/"] {
-            assert_eq!(check_origin(&Method::POST, path, &headers(&[HOST]), &[]), Ok(()));
-            assert_eq!(check_origin(&Method::GET, path, &HeaderMap::new(), &[]), Ok(()));
+            assert_eq!(
+                check_origin(&Method::POST, path, &headers(&[HOST]), &[]),
+                Ok(())
+            );
+            assert_eq!(
+                check_origin(&Method::GET, path, &HeaderMap::new(), &[]),
+                Ok(())
+            );
         }
     }
 
@@ -195,18 +238,29 @@ mod tests {
             "garbage",
         ] {
             let h = headers(&[HOST, ("origin", origin)]);
-            for path in ["/v1/chat/completions", "/v1/models", "/api/status", "/metrics"] {
+            for path in [
+                "/v1/chat/completions",
+                "/v1/models",
+                "/api/status",
+                "/metrics",
+            ] {
                 let got = check_origin(&Method::POST, path, &h, &[]);
                 assert!(
                     matches!(got, Err(Refusal::ForeignOrigin(_))),
                     "{origin} {path}"
                 );
             }
-            assert_eq!(check_origin(&Method::POST, "/v1/messages", &h, &["*".into()]), Ok(()));
+            assert_eq!(
+                check_origin(&Method::POST, "/v1/messages", &h, &["*".into()]),
+                Ok(())
+            );
         }
         let h = headers(&[HOST, ("origin", "https://app.example.com")]);
         let allowed = vec!["https://app.example.com:443".to_string()];
-        assert_eq!(check_origin(&Method::POST, "/v1/messages", &h, &allowed), Ok(()));
+        assert_eq!(
+            check_origin(&Method::POST, "/v1/messages", &h, &allowed),
+            Ok(())
+        );
         let other = vec!["https://other.example.com".to_string()];
         assert!(check_origin(&Method::POST, "/v1/messages", &h, &other).is_err());
         let msg = check_origin(&Method::POST, "/v1/messages", &h, &other)
@@ -226,7 +280,11 @@ mod tests {
         ] {
             let h = headers(&[HOST, ("sec-fetch-site", site)]);
             for path in ["/metrics", "/api/experts/events", "/v1/models"] {
-                assert_eq!(check_origin(&Method::GET, path, &h, &[]).is_ok(), ok, "{site} {path}");
+                assert_eq!(
+                    check_origin(&Method::GET, path, &h, &[]).is_ok(),
+                    ok,
+                    "{site} {path}"
+                );
             }
         }
         // Following a link to the dashboard only shows it.
@@ -245,7 +303,10 @@ mod tests {
         let json = headers(&[("content-type", "application/json")]);
         let charset = headers(&[("content-type", "Application/JSON; charset=utf-8")]);
         for h in [&json, &charset] {
-            assert_eq!(check_json_body(&Method::POST, "/v1/chat/completions", h), Ok(()));
+            assert_eq!(
+                check_json_body(&Method::POST, "/v1/chat/completions", h),
+                Ok(())
+            );
         }
         for ct in [
             Some("text/plain"),
@@ -259,7 +320,11 @@ mod tests {
                 Some(c) => headers(&[("content-type", c)]),
                 None => HeaderMap::new(),
             };
-            for path in ["/v1/chat/completions", "/v1/messages/count_tokens", "/api/models/load"] {
+            for path in [
+                "/v1/chat/completions",
+                "/v1/messages/count_tokens",
+                "/api/models/load",
+            ] {
                 let got = check_json_body(&Method::POST, path, &h);
                 assert!(matches!(got, Err(Refusal::NotJson(_))), "{ct:?} {path}");
             }

@@ -18,9 +18,9 @@
 //! | `POST /api/pins`, `/api/unpin` | `{"model", "hottest": N, "experts": [[layer, expert]]}`; `{"model", "all"}` |
 //! | `POST /api/sessions`, `GET`/`DELETE /api/sessions/{id}` | create; resume (with its messages); delete |
 //!
-//! Requests that change something must be JSON from this origin (a cross-site form post
-//! cannot unload a model): a `POST` needs `content-type: application/json`, and a request
-//! with an `Origin` header must come from the page's own origin or an allowed CORS origin.
+//! Requests from other origins never reach these handlers, and a `POST` here must be
+//! `content-type: application/json` (a cross-site form post cannot unload a model): the
+//! origin policy of every route, `super::origin`.
 
 pub mod grid;
 
@@ -29,9 +29,8 @@ use super::error::ApiError;
 use super::models;
 use crate::daemon::{memory_stats, Daemon, ModelHandle};
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
-use axum::middleware::Next;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
@@ -78,7 +77,7 @@ pub fn page_routes() -> Router<App> {
 }
 
 /// The dashboard's API (behind the API key like the rest).
-pub fn api_routes(app: &App) -> Router<App> {
+pub fn api_routes() -> Router<App> {
     Router::new()
         .route("/api/status", get(status))
         .route("/api/experts", get(experts))
@@ -93,10 +92,6 @@ pub fn api_routes(app: &App) -> Router<App> {
             "/api/sessions/{id}",
             get(resume_session).delete(delete_session),
         )
-        .layer(axum::middleware::from_fn_with_state(
-            app.clone(),
-            same_origin,
-        ))
 }
 
 fn security_headers(r: &mut Response) {
@@ -172,44 +167,6 @@ fn status_table(app: &App) -> String {
         env!("CARGO_PKG_VERSION"),
         app.daemon.started.elapsed().as_secs_f64(),
     )
-}
-
-/// Refuses a change requested from another site (see the module's notes).
-async fn same_origin(State(app): State<App>, req: Request, next: Next) -> Response {
-    if req.method() == Method::GET || req.method() == Method::HEAD {
-        return next.run(req).await;
-    }
-    let h = req.headers();
-    let json_body = h
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().starts_with("application/json"));
-    if req.method() == Method::POST && !json_body {
-        return ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "send a JSON body with content-type: application/json",
-        )
-        .into_response();
-    }
-    if let Some(origin) = h.get("origin").and_then(|v| v.to_str().ok()) {
-        let own = h
-            .get("host")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|host| origin == format!("http://{host}"));
-        let allowed = app.cfg.cors_origins.iter().any(|o| o == "*" || o == origin);
-        if !own && !allowed {
-            return ApiError::new(
-                StatusCode::FORBIDDEN,
-                format!(
-                    "a request from the origin {origin} may not change this daemon (allow it \
-                     with colibrid --http-cors-origin)"
-                ),
-            )
-            .with_code("origin_not_allowed")
-            .into_response();
-        }
-    }
-    next.run(req).await
 }
 
 /// The model a dashboard request names (by API name or path); the only loaded one when it

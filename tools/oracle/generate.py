@@ -75,20 +75,20 @@ PROMPTS = [
 # tokenizer
 
 
-def train_tokenizer() -> Tokenizer:
+def train_tokenizer(specials: list[str] = SPECIALS) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
         min_frequency=2,
-        special_tokens=SPECIALS,
+        special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(corpus().splitlines(keepends=True), trainer=trainer)
     assert tok.get_vocab_size() == VOCAB_SIZE, tok.get_vocab_size()
-    for i, s in enumerate(SPECIALS):
+    for i, s in enumerate(specials):
         assert tok.token_to_id(s) == i
     # multi-byte UTF-8 tokens must exist (merged non-ASCII), as well as lone-byte ones
     multibyte = [t for t in tok.get_vocab() if len(tok.decode([tok.token_to_id(t)]).encode()) > 1

@@ -61,6 +61,7 @@ impl TensorRecord {
             WeightFormat::I2 { group, scale } => ("int2", Some(group), Some(scale)),
             WeightFormat::I3G64 => ("int3", Some(64), Some(ScaleType::F32)),
             WeightFormat::I2Plain => ("int2-plain", Some(0), Some(ScaleType::F32)),
+            WeightFormat::Mxfp4 => ("mxfp4", Some(32), Some(ScaleType::E8M0)),
         };
         TensorRecord {
             format: f.into(),

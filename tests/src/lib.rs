@@ -15,6 +15,7 @@ pub const FAMILIES: &[&str] = &[
     "deepseek_v3_noqlora",
     "glm4_moe",
     "glm_moe_dsa",
+    "gpt_oss",
 ];
 
 /// Largest |Δlogit| against transformers at any position.

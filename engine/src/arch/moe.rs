@@ -16,6 +16,12 @@ pub enum Routing {
     /// softmax over all experts, top-k; renormalise the k weights when `norm_topk_prob`
     /// (OLMoE, Qwen3-MoE; Mixtral always renormalises).
     SoftmaxTopK { norm_topk_prob: bool },
+    /// gpt-oss (`GptOssTopKRouter`): the router's bias added to its logits, the top-k of
+    /// those, and the weights a softmax over the k chosen logits alone.
+    TopKSoftmax {
+        /// `router.bias`, one per expert.
+        bias: Vec<f32>,
+    },
     /// DeepSeek-V3 / GLM "noaux_tc": sigmoid scores; the choice uses scores plus
     /// `e_score_correction_bias`, restricted to the `topk_group` groups (of `n_group`) whose
     /// two best biased scores sum highest; the weights are the unbiased scores of the chosen
@@ -81,6 +87,15 @@ impl Moe {
                         let s: f32 = weights.iter().sum();
                         weights.iter_mut().for_each(|w| *w /= s);
                     }
+                    Route { experts, weights }
+                }
+                Routing::TopKSoftmax { bias } => {
+                    for (l, b) in row.iter_mut().zip(bias) {
+                        *l += b;
+                    }
+                    let experts = top_k_indices(row, self.top_k);
+                    let mut weights: Vec<f32> = experts.iter().map(|&i| row[i]).collect();
+                    softmax(&mut weights);
                     Route { experts, weights }
                 }
                 Routing::SigmoidGroupLimited {

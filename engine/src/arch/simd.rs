@@ -75,7 +75,17 @@ pub fn silu_mul(g: &mut [f32], u: &[f32]) {
 /// In-place softmax with the vector `exp` (attention scores; the routers keep the exact
 /// one in `blocks`).
 pub fn softmax_fast(x: &mut [f32]) {
-    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    softmax_fast_with_sink(x, None)
+}
+
+/// [`softmax_fast`] over `x` and, when given, one more logit `sink` that takes its share of
+/// the denominator and is then dropped (gpt-oss's attention sinks: transformers concatenates
+/// the sink to the scores, softmaxes, and drops its column).
+pub fn softmax_fast_with_sink(x: &mut [f32], sink: Option<f32>) {
+    let m = x
+        .iter()
+        .copied()
+        .fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
     for v in x.iter_mut() {
         *v -= m;
     }
@@ -91,6 +101,9 @@ pub fn softmax_fast(x: &mut [f32]) {
     let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for v in chunks.remainder() {
         s += v;
+    }
+    if let Some(z) = sink {
+        s += exp_scalar(z - m);
     }
     let inv = 1.0 / s;
     for v in x.iter_mut() {

@@ -4,8 +4,7 @@
 //! integer sum, times half the block's scale (the reference's bits); with f32 activations
 //! the same int8 values, converted to f32, times the activations in 8 lanes.
 
-use super::{scalar, Act, QBLOCK};
-use crate::format::mxfp4::{code, scale, BLOCK_BYTES, DOUBLED, VALUES};
+use super::{scalar, Act};
 use crate::format::WeightFormat;
 
 /// `dot(row, act)` on the fastest path: on AVX2 the exact block sums with int8 activations
@@ -30,7 +29,8 @@ pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{code, scale, BLOCK_BYTES, DOUBLED, QBLOCK};
+    use crate::format::mxfp4::{code, scale, BLOCK_BYTES, DOUBLED, VALUES};
+    use crate::format::QBLOCK;
     use std::arch::x86_64::*;
 
     /// The reference's `dot_q8` for MXFP4 with the same bits: per whole block the exact
@@ -88,9 +88,7 @@ mod x86 {
         let mut total = super::super::avx2::hsum(acc);
         for b in whole..cols.div_ceil(QBLOCK) {
             let r = super::super::block_range(b, cols);
-            let s: f32 = r
-                .map(|j| super::VALUES[super::code(w, j) as usize] * x[j])
-                .sum();
+            let s: f32 = r.map(|j| VALUES[code(w, j) as usize] * x[j]).sum();
             total += s * scale(scales[b]);
         }
         total
@@ -121,7 +119,8 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::mxfp4::quantize_row;
+    use crate::format::mxfp4::{code, quantize_row, scale, BLOCK_BYTES, DOUBLED, VALUES};
+    use crate::format::QBLOCK;
     use crate::kernels::{prepare, tests::Rng};
 
     fn random_row(cols: usize, rng: &mut Rng) -> (Vec<u8>, Vec<u8>) {

@@ -104,7 +104,8 @@ pub fn mlps(terms: &[(&Mlp, &[(usize, f32)])], x: &[f32], n: usize, out: &mut [f
     }
     kernels::matmul_each(&mut jobs);
     drop(jobs);
-    let act = |((g, u), (m, rows)): ((&mut Vec<f32>, &Vec<f32>), &(&Mlp, &[(usize, f32)]))| {
+    type Term<'a, 'b> = &'a (&'b Mlp, &'b [(usize, f32)]);
+    let act = |((g, u), (m, rows)): ((&mut Vec<f32>, &Vec<f32>), Term)| {
         m.glu.activate(g, u, rows.len(), m.down.cols)
     };
     if gates.iter().map(Vec::len).sum::<usize>() >= PARALLEL_GLUE {

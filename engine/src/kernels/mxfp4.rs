@@ -76,20 +76,25 @@ mod x86 {
         let whole = cols / QBLOCK;
         let mut acc = _mm256_setzero_ps();
         let f = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
-        for b in 0..whole {
+        for (b, &e) in scales.iter().enumerate().take(whole) {
             let (a, c) = doubled(w, b);
             let xp = x.as_ptr().add(b * QBLOCK);
             let mut s = _mm256_mul_ps(f(a), _mm256_loadu_ps(xp));
             s = _mm256_fmadd_ps(f(_mm_srli_si128(a, 8)), _mm256_loadu_ps(xp.add(8)), s);
             s = _mm256_fmadd_ps(f(c), _mm256_loadu_ps(xp.add(16)), s);
             s = _mm256_fmadd_ps(f(_mm_srli_si128(c, 8)), _mm256_loadu_ps(xp.add(24)), s);
-            acc = _mm256_fmadd_ps(s, _mm256_set1_ps(0.5 * scale(scales[b])), acc);
+            acc = _mm256_fmadd_ps(s, _mm256_set1_ps(0.5 * scale(e)), acc);
         }
         let mut total = super::super::avx2::hsum(acc);
-        for b in whole..cols.div_ceil(QBLOCK) {
+        for (b, &e) in scales
+            .iter()
+            .enumerate()
+            .take(cols.div_ceil(QBLOCK))
+            .skip(whole)
+        {
             let r = super::super::block_range(b, cols);
             let s: f32 = r.map(|j| VALUES[code(w, j) as usize] * x[j]).sum();
-            total += s * scale(scales[b]);
+            total += s * scale(e);
         }
         total
     }

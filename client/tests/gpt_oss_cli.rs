@@ -3,35 +3,14 @@
 
 mod common;
 
-use common::{ensure_daemon_binary, fixtures};
+use common::{coli_in, ensure_daemon_binary, fixtures, ok_stdout};
 use serde_json::Value;
-use std::path::Path;
-use std::process::{Command, Output};
-
-fn coli(args: &[&str], state: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_coli"))
-        .args(args)
-        .env("COLIBRI_STATE_DIR", state)
-        .env_remove("COLI_SOCKET")
-        .env_remove("COLI_NO_AUTOSTART")
-        .output()
-        .expect("spawn coli")
-}
-
-fn ok(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "coli failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout.clone()).unwrap()
-}
 
 #[test]
 fn plan_names_gpt_oss_and_its_mxfp4_experts() {
     let dir = fixtures().join("gpt_oss");
     let state = tempfile::tempdir().unwrap();
-    let text = ok(&coli(
+    let text = ok_stdout(&coli_in(
         &["plan", "--model", dir.to_str().unwrap()],
         state.path(),
     ));
@@ -50,7 +29,7 @@ fn doctor_names_gpt_oss() {
     ensure_daemon_binary();
     let dir = fixtures().join("gpt_oss");
     let state = tempfile::tempdir().unwrap();
-    let o = coli(
+    let o = coli_in(
         &[
             "doctor",
             "--model",

@@ -4,7 +4,7 @@
 //! the `functions` namespace, tool calls and their results; the same text and the same ids.
 
 use colibri_engine::text::{ChatMessage, ChatTemplate, Text, ToolCall, ToolSpec};
-use colibri_tests::fixture;
+use colibri_tests::{fixture, ids};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
@@ -97,12 +97,7 @@ fn harmony_template_renders_what_transformers_renders() {
             );
         }
         // Tokenized as transformers tokenized it, once the dates agree.
-        let ids: Vec<u32> = c["ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect();
+        let ids = ids(c, "ids");
         let dated = {
             let k = want.find("Current date: ").unwrap() + "Current date: ".len();
             let j = got.find("Current date: ").unwrap() + "Current date: ".len();

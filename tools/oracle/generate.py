@@ -529,7 +529,10 @@ class Probe:
 
 
 @torch.no_grad()
-def run_oracle(model, prompt_ids):
+def run_oracle(model, prompt_ids, probe_cls=None):
+    """Greedy ids (a full forward per step), the teacher-forced logits with `probe_cls`'s
+    hooks (default Probe) attached, the min top-1/top-2 gap and whether both agree."""
+    probe_cls = probe_cls or Probe
     ids = list(prompt_ids)
     gaps = []
     for _ in range(N_GREEDY):
@@ -538,7 +541,7 @@ def run_oracle(model, prompt_ids):
         gaps.append(float(top[0] - top[1]))
         ids.append(int(torch.argmax(logits)))
     greedy = ids[len(prompt_ids):]
-    probe = Probe(model)
+    probe = probe_cls(model)
     tf = model(torch.tensor([ids])).logits[0].float()
     probe.close()
     # teacher-forced argmax must agree with the step-by-step greedy continuation

@@ -184,23 +184,6 @@ class RouterProbe:
 
 
 @torch.no_grad()
-def oracle(model, prompt_ids):
-    ids = list(prompt_ids)
-    gaps = []
-    for _ in range(g.N_GREEDY):
-        logits = model(torch.tensor([ids])).logits[0, -1].float()
-        top = torch.topk(logits, 2).values
-        gaps.append(float(top[0] - top[1]))
-        ids.append(int(torch.argmax(logits)))
-    greedy = ids[len(prompt_ids):]
-    probe = RouterProbe(model)
-    tf = model(torch.tensor([ids])).logits[0].float()
-    probe.close()
-    consistent = tf.argmax(-1).tolist()[len(prompt_ids) - 1: len(ids) - 1] == greedy
-    return greedy, ids, tf, min(gaps), probe, consistent
-
-
-@torch.no_grad()
 def f16_kv_sensitivity(model, ids, tf) -> float:
     """How far the reference's own logits move when the keys and values are rounded to f16
     (the k/v projections' outputs): engines cache K/V in f16, and a fixture where that alone
@@ -303,27 +286,32 @@ def chat_cases(out: Path) -> None:
     (out / "chat_cases.json").write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
 
 
+def first_seed(base: int, tries: int, attempt):
+    """The result of the first seed `base + t` whose `attempt(t, seed)` -> (ok, result, line) is ok."""
+    for t in range(tries):
+        ok, result, line = attempt(t, base + t)
+        print(f"  {FAMILY} seed {base + t}: {line} -> {'ok' if ok else 'retry'}")
+        if ok:
+            return result
+    raise RuntimeError(f"{FAMILY}: no seed passed the robustness checks")
+
+
 def generate(out_root: Path, max_tries: int = 200) -> None:
     tok = g.train_tokenizer(SPECIALS)
-    chosen = None
-    for t in range(max_tries):
-        seed = 31000 + t
+    def attempt(t: int, seed: int):
         cfg, model, packed = build(tok, seed)
         prompt_text, prompt_ids = g.pick_prompt(tok, t)
-        greedy, ids, tf, gap, probe, consistent = oracle(model, prompt_ids)
+        greedy, ids, tf, gap, probe, consistent = g.run_oracle(model, prompt_ids, RouterProbe)
         distinct = min(len(v) for v in probe.experts.values())
         f16 = f16_kv_sensitivity(model, ids, tf)
-        ok = (gap > g.MIN_GAP and f16 < MAX_F16_KV_SENSITIVITY and probe.margin > g.MIN_SOFTMAX_ROUTER_MARGIN and consistent
-              and distinct >= g.MIN_DISTINCT_EXPERTS and len(set(greedy)) >= g.MIN_GREEDY_DISTINCT
-              and min(probe.clamped) > 0)
-        print(f"  gpt_oss seed {seed}: gap {gap:.4f} router margin {probe.margin:.2e} experts {distinct} "
-              f"greedy-distinct {len(set(greedy))} clamped {probe.clamped} f16 K/V {f16:.1e} consistent {consistent} "
-              f"-> {'ok' if ok else 'retry'}")
-        if ok:
-            chosen = (seed, cfg, model, packed, prompt_text, prompt_ids, greedy, ids, tf, gap, probe, f16)
-            break
-    if chosen is None:
-        raise RuntimeError("gpt_oss: no seed passed the robustness checks")
+        ok = all([gap > g.MIN_GAP, f16 < MAX_F16_KV_SENSITIVITY, probe.margin > g.MIN_SOFTMAX_ROUTER_MARGIN,
+                  consistent, distinct >= g.MIN_DISTINCT_EXPERTS, len(set(greedy)) >= g.MIN_GREEDY_DISTINCT,
+                  min(probe.clamped) > 0])
+        line = (f"gap {gap:.4f} router margin {probe.margin:.2e} experts {distinct} greedy-distinct "
+                f"{len(set(greedy))} clamped {probe.clamped} f16 K/V {f16:.1e} consistent {consistent}")
+        return ok, (seed, cfg, model, packed, prompt_text, prompt_ids, greedy, ids, tf, gap, probe, f16), line
+
+    chosen = first_seed(31000, max_tries, attempt)
     seed, cfg, model, packed, prompt_text, prompt_ids, greedy, ids, tf, gap, probe, f16 = chosen
 
     out = out_root / FAMILY

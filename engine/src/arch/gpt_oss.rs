@@ -105,18 +105,7 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg, progress: &LoadHook) -> Result<Networ
             Ffn::Moe(moe),
         )?);
     }
-    let (embed, final_norm, lm_head) = d.embeddings(&ld)?;
-    Ok(Network {
-        model_type: FAMILY.into(),
-        vocab_size: d.vocab,
-        hidden_size: d.hidden,
-        max_context: d.max_context,
-        embed,
-        layers,
-        final_norm,
-        lm_head,
-        mtp: Vec::new(),
-    })
+    Network::decoder(FAMILY, &d, &ld, layers, Vec::new())
 }
 
 /// Per layer, whether it attends through the sliding window: `layer_types` as written

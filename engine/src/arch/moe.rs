@@ -338,6 +338,29 @@ mod tests {
         assert_eq!(r.experts, vec![6, 0]);
     }
 
+    /// gpt-oss's router: the bias is added to the logits, the top-k of those chosen, and their
+    /// weights a softmax over the k biased logits alone.
+    #[test]
+    fn top_k_softmax_weighs_the_chosen_biased_logits_only() {
+        let moe = Moe {
+            router: Matrix::from_f32(4, 2, &[1.0, 0.0, 0.0, 1.0, 1.0, 1.0, -1.0, 0.0]),
+            routing: Routing::TopKSoftmax {
+                bias: vec![0.0, 0.5, -2.5, 0.0],
+            },
+            top_k: 2,
+            experts: Vec::new(),
+            shared: None,
+            hooks: Default::default(),
+        };
+        // Logits [1, 0.2, 1.2, -1] + bias = [1, 0.7, -1.3, -1]: experts 0 and 1, though 2 has
+        // the largest logit before its bias.
+        let r = moe.route(&[1.0, 0.2], 1).remove(0);
+        assert_eq!(r.experts, vec![0, 1]);
+        let e = (0.7f32 - 1.0).exp();
+        assert!((r.weights[0] - 1.0 / (1.0 + e)).abs() < 1e-6);
+        assert!((r.weights[1] - e / (1.0 + e)).abs() < 1e-6);
+    }
+
     #[test]
     fn bias_chooses_but_does_not_weigh() {
         let logits = [0.0, 1.0, 0.5];

@@ -270,4 +270,34 @@ mod tests {
         let want: f64 = x.iter().map(|v| (*v as f64) * (*v as f64)).sum();
         assert!((sum_squares_f64(&x) - want).abs() <= want * 1e-14);
     }
+
+    /// A sink is one more logit in the denominator, dropped from the output: transformers'
+    /// `softmax(cat([scores, sink]))[..., :-1]`, for a sink below, among and above the scores.
+    #[test]
+    fn softmax_with_a_sink_is_the_softmax_of_scores_and_sink_without_the_sink() {
+        for sink in [-30.0f32, 0.3, 9.0] {
+            for n in [1, 5, 8, 13] {
+                let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.7).sin() * 3.0).collect();
+                let mut got = x.clone();
+                softmax_fast_with_sink(&mut got, Some(sink));
+                let z = x
+                    .iter()
+                    .chain([&sink])
+                    .fold(f64::MIN, |m, v| m.max(*v as f64));
+                let den: f64 = x.iter().chain([&sink]).map(|v| (*v as f64 - z).exp()).sum();
+                for (g, v) in got.iter().zip(&x) {
+                    let want = ((*v as f64 - z).exp() / den) as f32;
+                    assert!((g - want).abs() <= 1e-6, "sink {sink} n {n}: {g} vs {want}");
+                }
+                let total: f32 = got.iter().sum();
+                assert!(
+                    total < 1.0 || sink < -20.0,
+                    "the sink takes its share: {total}"
+                );
+            }
+        }
+        let x: Vec<f32> = (0..1003).map(|i| i as f32 * 0.01 - 3.0).collect();
+        let want: f64 = x.iter().map(|v| (*v as f64) * (*v as f64)).sum();
+        assert!((sum_squares_f64(&x) - want).abs() <= want * 1e-14);
+    }
 }

@@ -5,10 +5,8 @@
 
 mod common;
 
-use common::{ensure_daemon_binary, fixtures};
+use common::{coli_in, ensure_daemon_binary, fixtures, ok_stdout};
 use serde_json::Value;
-use std::path::Path;
-use std::process::{Command, Output};
 
 const DSA_NOTE: &str = "DSA indexer absent: dense attention; outputs differ from the reference beyond index_topk (8) tokens";
 
@@ -26,31 +24,12 @@ fn glm_main_pass() -> tempfile::TempDir {
     d
 }
 
-fn coli(args: &[&str], state: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_coli"))
-        .args(args)
-        .env("COLIBRI_STATE_DIR", state)
-        .env_remove("COLI_SOCKET")
-        .env_remove("COLI_NO_AUTOSTART")
-        .output()
-        .expect("spawn coli")
-}
-
-fn ok(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "coli failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout.clone()).unwrap()
-}
-
 #[test]
 fn plan_reports_formats_per_class_and_the_notes() {
     let m = glm_main_pass();
     let state = tempfile::tempdir().unwrap();
     let dir = m.path().to_str().unwrap();
-    let text = ok(&coli(&["plan", "--model", dir], state.path()));
+    let text = ok_stdout(&coli_in(&["plan", "--model", dir], state.path()));
     assert!(text.contains("colibri C layout"), "{text}");
     assert!(text.contains("  attention: int8 (15 tensors"), "{text}");
     assert!(
@@ -59,7 +38,7 @@ fn plan_reports_formats_per_class_and_the_notes() {
     );
     assert!(text.contains("  routers: f32 (2 tensors"), "{text}");
     assert!(text.contains(&format!("note: {DSA_NOTE}")), "{text}");
-    let j: Value = serde_json::from_str(&ok(&coli(
+    let j: Value = serde_json::from_str(&ok_stdout(&coli_in(
         &["plan", "--model", dir, "--json"],
         state.path(),
     )))
@@ -77,7 +56,7 @@ fn doctor_warns_about_the_missing_indexer_and_mtp_layers() {
     ensure_daemon_binary();
     let m = glm_main_pass();
     let state = tempfile::tempdir().unwrap();
-    let o = coli(
+    let o = coli_in(
         &[
             "doctor",
             "--model",
@@ -115,15 +94,15 @@ fn the_daemon_tells_the_notes_at_load_and_in_status() {
     let sock = state.path().join("c.sock");
     let s = sock.to_str().unwrap();
     let dir = m.path().to_str().unwrap();
-    let load = ok(&coli(
+    let load = ok_stdout(&coli_in(
         &["--socket", s, "load", "--model", dir],
         state.path(),
     ));
     assert!(load.contains(&format!("note: {DSA_NOTE}")), "{load}");
-    let status = ok(&coli(&["--socket", s, "status"], state.path()));
+    let status = ok_stdout(&coli_in(&["--socket", s, "status"], state.path()));
     assert!(status.contains(DSA_NOTE), "{status}");
     assert!(status.contains("routed experts: int4-g32"), "{status}");
-    let j: Value = serde_json::from_str(&ok(&coli(
+    let j: Value = serde_json::from_str(&ok_stdout(&coli_in(
         &["--socket", s, "status", "--output", "json"],
         state.path(),
     )))
@@ -135,14 +114,14 @@ fn the_daemon_tells_the_notes_at_load_and_in_status() {
         .iter()
         .any(|n| n == DSA_NOTE));
     assert_eq!(info["layout"], "colibri C layout (U8 + .qs scales)");
-    let _ = coli(&["--socket", s, "stop", "--timeout", "30"], state.path());
+    let _ = coli_in(&["--socket", s, "stop", "--timeout", "30"], state.path());
 }
 
 #[test]
 fn local_runs_say_the_notes_once_on_stderr() {
     let state = tempfile::tempdir().unwrap();
     let dir = fixtures().join("c_containers/deepseek_v3_mixed");
-    let o = coli(
+    let o = coli_in(
         &[
             "run",
             "--local",
@@ -159,7 +138,7 @@ fn local_runs_say_the_notes_once_on_stderr() {
         ],
         state.path(),
     );
-    ok(&o);
+    ok_stdout(&o);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(err.matches("note: no MTP layers").count(), 1, "{err}");
 }

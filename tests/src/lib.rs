@@ -15,6 +15,7 @@ pub const FAMILIES: &[&str] = &[
     "deepseek_v3_noqlora",
     "glm4_moe",
     "glm_moe_dsa",
+    "gpt_oss",
 ];
 
 /// Largest |Δlogit| against transformers at any position.
@@ -38,10 +39,11 @@ pub struct Reference {
     pub logits: Vec<Vec<f32>>,
 }
 
-fn ids(v: &serde_json::Value, key: &str) -> Vec<u32> {
+/// The token ids under `key` of a JSON object (ref.json, chat cases).
+pub fn ids(v: &serde_json::Value, key: &str) -> Vec<u32> {
     v[key]
         .as_array()
-        .unwrap_or_else(|| panic!("ref.json: no '{key}'"))
+        .unwrap_or_else(|| panic!("no '{key}' in the JSON"))
         .iter()
         .map(|x| x.as_u64().expect("id") as u32)
         .collect()

@@ -13,7 +13,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 /// Families whose fixture the engine must reproduce exactly (transformers' greedy ids).
-const ORACLE_FAMILIES: &[&str] = &["olmoe", "qwen3_moe", "mixtral"];
+const ORACLE_FAMILIES: &[&str] = &["olmoe", "qwen3_moe", "mixtral", "gpt_oss"];
 /// Every fixture; those the engine cannot load yet are skipped (and say so).
 const ALL_FAMILIES: &[&str] = &[
     "olmoe",
@@ -22,6 +22,7 @@ const ALL_FAMILIES: &[&str] = &[
     "deepseek_v3",
     "glm4_moe",
     "glm_moe_dsa",
+    "gpt_oss",
 ];
 
 struct Place {

@@ -115,4 +115,5 @@ family_tests! {
     deepseek_v3_noqlora => "deepseek_v3_noqlora",
     glm4_moe => "glm4_moe",
     glm_moe_dsa => "glm_moe_dsa",
+    gpt_oss => "gpt_oss",
 }

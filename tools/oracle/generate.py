@@ -75,20 +75,20 @@ PROMPTS = [
 # tokenizer
 
 
-def train_tokenizer() -> Tokenizer:
+def train_tokenizer(specials: list[str] = SPECIALS) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
         min_frequency=2,
-        special_tokens=SPECIALS,
+        special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(corpus().splitlines(keepends=True), trainer=trainer)
     assert tok.get_vocab_size() == VOCAB_SIZE, tok.get_vocab_size()
-    for i, s in enumerate(SPECIALS):
+    for i, s in enumerate(specials):
         assert tok.token_to_id(s) == i
     # multi-byte UTF-8 tokens must exist (merged non-ASCII), as well as lone-byte ones
     multibyte = [t for t in tok.get_vocab() if len(tok.decode([tok.token_to_id(t)]).encode()) > 1
@@ -529,7 +529,10 @@ class Probe:
 
 
 @torch.no_grad()
-def run_oracle(model, prompt_ids):
+def run_oracle(model, prompt_ids, probe_cls=None):
+    """Greedy ids (a full forward per step), the teacher-forced logits with `probe_cls`'s
+    hooks (default Probe) attached, the min top-1/top-2 gap and whether both agree."""
+    probe_cls = probe_cls or Probe
     ids = list(prompt_ids)
     gaps = []
     for _ in range(N_GREEDY):
@@ -538,7 +541,7 @@ def run_oracle(model, prompt_ids):
         gaps.append(float(top[0] - top[1]))
         ids.append(int(torch.argmax(logits)))
     greedy = ids[len(prompt_ids):]
-    probe = Probe(model)
+    probe = probe_cls(model)
     tf = model(torch.tensor([ids])).logits[0].float()
     probe.close()
     # teacher-forced argmax must agree with the step-by-step greedy continuation

@@ -132,3 +132,25 @@ pub fn local(args: &[&str]) -> String {
     );
     String::from_utf8(o.stdout).unwrap()
 }
+
+/// `coli ARGS` with its own state folder and no daemon socket from the environment
+/// (`coli` may start a daemon of its own there).
+pub fn coli_in(args: &[&str], state: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_coli"))
+        .args(args)
+        .env("COLIBRI_STATE_DIR", state)
+        .env_remove("COLI_SOCKET")
+        .env_remove("COLI_NO_AUTOSTART")
+        .output()
+        .expect("spawn coli")
+}
+
+/// Its stdout, asserting it succeeded (stderr in the failure).
+pub fn ok_stdout(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "coli failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout.clone()).unwrap()
+}

@@ -3,7 +3,7 @@
 use super::blocks::{RmsNorm, Rope};
 use super::exec;
 use super::profile::{self, Phase};
-use super::simd::softmax_fast;
+use super::simd::softmax_fast_with_sink;
 use super::step::BatchRows;
 use crate::kv::{ops as kv_ops, KvBuf, KvCache};
 use crate::tensor::Linear;
@@ -39,6 +39,9 @@ pub struct GqaAttention {
     pub sliding_window: Option<usize>,
     /// Clamp q, k, v to ±clip (OLMoE's `clip_qkv`).
     pub clip_qkv: Option<f32>,
+    /// Attention sinks (gpt-oss's `self_attn.sinks`): one learned logit per query head in
+    /// its softmax's denominator, attending to nothing.
+    pub sinks: Option<Vec<f32>>,
     pub scale: f32,
 }
 
@@ -160,6 +163,10 @@ impl GqaAttention {
                 offset: kvh * hd,
                 head_dim: hd,
                 scale: self.scale,
+                sinks: self
+                    .sinks
+                    .as_ref()
+                    .map(|s| &s[kvh * group..(kvh + 1) * group]),
             };
             let at = |i: usize| i * qw + kvh * gw;
             if b == 1 {
@@ -235,7 +242,13 @@ impl GqaAttention {
             q_proj: ld.linear(&format!("{prefix}.q_proj"), qw, d.hidden, bias)?,
             k_proj: ld.linear(&format!("{prefix}.k_proj"), kw, d.hidden, bias)?,
             v_proj: ld.linear(&format!("{prefix}.v_proj"), kw, d.hidden, bias)?,
-            o_proj: ld.linear(&format!("{prefix}.o_proj"), d.hidden, qw, false)?,
+            // o_proj's bias where the checkpoint has one (gpt-oss; GLM-4.5 biases q/k/v only).
+            o_proj: ld.linear(
+                &format!("{prefix}.o_proj"),
+                d.hidden,
+                qw,
+                bias && ld.ckpt.get(&format!("{prefix}.o_proj.bias")).is_some(),
+            )?,
             qk_norm,
             n_heads: d.n_heads,
             n_kv_heads: d.n_kv_heads,
@@ -243,6 +256,7 @@ impl GqaAttention {
             rope,
             sliding_window: None,
             clip_qkv: None,
+            sinks: None,
             scale: 1.0 / (d.head_dim as f32).sqrt(),
         })
     }
@@ -257,6 +271,9 @@ pub struct HeadGroup<'a> {
     pub offset: usize,
     pub head_dim: usize,
     pub scale: f32,
+    /// The sink logit of each query head of the group ([`GqaAttention::sinks`]); the heads
+    /// of a call are rows after rows of these.
+    pub sinks: Option<&'a [f32]>,
 }
 
 impl HeadGroup<'_> {
@@ -280,8 +297,9 @@ impl HeadGroup<'_> {
                 self.scale,
                 scores,
             );
-            for (sc, &e) in scores.chunks_exact_mut(len).zip(ends) {
-                softmax_fast(&mut sc[..e]);
+            for (h, (sc, &e)) in scores.chunks_exact_mut(len).zip(ends).enumerate() {
+                let sink = self.sinks.map(|s| s[h % s.len()]);
+                softmax_fast_with_sink(&mut sc[..e], sink);
                 sc[e..].fill(0.0);
             }
             o.fill(0.0);

@@ -218,17 +218,29 @@ pub fn softmax(x: &mut [f32]) {
 }
 
 /// The gated SiLU MLP: `down(silu(gate(x)) * up(x))`. Used for dense layers, routed experts
-/// and shared experts alike.
+/// and shared experts alike; `glu` says where it differs (gpt-oss: biases, interleaved
+/// gate/up rows in one matrix, the clamped SwiGLU).
 #[derive(Clone, Debug)]
 pub struct Mlp {
     pub gate: Matrix,
     pub up: Matrix,
     pub down: Matrix,
+    pub glu: super::glu::Glu,
 }
 
 impl Mlp {
+    /// The plain SiLU MLP of three matrices.
+    pub fn silu(gate: Matrix, up: Matrix, down: Matrix) -> Mlp {
+        Mlp {
+            gate,
+            up,
+            down,
+            glu: Default::default(),
+        }
+    }
+
     pub fn intermediate(&self) -> usize {
-        self.gate.rows
+        self.down.cols
     }
 
     pub fn size_bytes(&self) -> usize {
@@ -305,14 +317,14 @@ impl<'a> Loader<'a> {
                 for m in [&gate, &up, &down] {
                     self.progress.record_matrix(&merged, m);
                 }
-                return Ok(Mlp { gate, up, down });
+                return Ok(Mlp::silu(gate, up, down));
             }
         }
-        Ok(Mlp {
-            gate: self.matrix(&format!("{prefix}.{g}.weight"), inter, hidden)?,
-            up: self.matrix(&format!("{prefix}.{u}.weight"), inter, hidden)?,
-            down: self.matrix(&format!("{prefix}.{d}.weight"), hidden, inter)?,
-        })
+        Ok(Mlp::silu(
+            self.matrix(&format!("{prefix}.{g}.weight"), inter, hidden)?,
+            self.matrix(&format!("{prefix}.{u}.weight"), inter, hidden)?,
+            self.matrix(&format!("{prefix}.{d}.weight"), hidden, inter)?,
+        ))
     }
 }
 

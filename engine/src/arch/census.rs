@@ -35,7 +35,7 @@ pub fn class_of(name: &str, decoder_layers: Option<usize>) -> &'static str {
         "routed experts"
     } else if name.contains("shared_expert") {
         "shared experts"
-    } else if name.ends_with(".gate.weight") {
+    } else if name.ends_with(".gate.weight") || name.ends_with(".router.weight") {
         "routers"
     } else if name.contains("self_attn") {
         "attention"

@@ -153,16 +153,5 @@ pub fn build_mla_family(
         .map(|i| layer(i, &format!("model.layers.{i}")))
         .collect::<Result<Vec<_>>>()?;
     let mtp = mtp::load(&ld, cfg, &d, &layer)?;
-    let (embed, final_norm, lm_head) = d.embeddings(&ld)?;
-    Ok(Network {
-        model_type: fam.name.into(),
-        vocab_size: d.vocab,
-        hidden_size: d.hidden,
-        max_context: d.max_context,
-        embed,
-        layers,
-        final_norm,
-        lm_head,
-        mtp,
-    })
+    Network::decoder(fam.name, &d, &ld, layers, mtp)
 }

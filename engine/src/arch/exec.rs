@@ -89,17 +89,29 @@ pub fn mlps(terms: &[(&Mlp, &[(usize, f32)])], x: &[f32], n: usize, out: &mut [f
         .collect();
     let mut jobs = Vec::with_capacity(2 * terms.len());
     for ((((m, _), input), g), u) in terms.iter().zip(&inputs).zip(&mut gates).zip(&mut ups) {
-        assert_eq!(m.gate.rows, m.up.rows, "gate and up of one MLP");
         jobs.push((m.gate.weights(), input, &mut g[..]));
+        if m.glu.interleaved {
+            // gate and up rows in one matrix (`Glu::interleaved`)
+            assert_eq!(
+                m.gate.rows,
+                2 * m.down.cols,
+                "interleaved gate/up of one MLP"
+            );
+            continue;
+        }
+        assert_eq!(m.gate.rows, m.up.rows, "gate and up of one MLP");
         jobs.push((m.up.weights(), input, &mut u[..]));
     }
     kernels::matmul_each(&mut jobs);
     drop(jobs);
-    let silu = |(g, u): (&mut Vec<f32>, &Vec<f32>)| super::simd::silu_mul(g, u);
+    type Term<'a, 'b> = &'a (&'b Mlp, &'b [(usize, f32)]);
+    let act = |((g, u), (m, rows)): ((&mut Vec<f32>, &Vec<f32>), Term)| {
+        m.glu.activate(g, u, rows.len(), m.down.cols)
+    };
     if gates.iter().map(Vec::len).sum::<usize>() >= PARALLEL_GLUE {
-        gates.par_iter_mut().zip(&ups).for_each(silu);
+        gates.par_iter_mut().zip(&ups).zip(terms).for_each(act);
     } else {
-        gates.iter_mut().zip(&ups).for_each(silu);
+        gates.iter_mut().zip(&ups).zip(terms).for_each(act);
     }
     let mids: Vec<Input> = terms
         .iter()
@@ -118,6 +130,9 @@ pub fn mlps(terms: &[(&Mlp, &[(usize, f32)])], x: &[f32], n: usize, out: &mut [f
         .collect();
     kernels::matmul_each(&mut jobs);
     drop(jobs);
+    for ((m, _), y) in terms.iter().zip(&mut downs) {
+        m.glu.add_down_bias(y);
+    }
     let rows: Vec<&[(usize, f32)]> = terms.iter().map(|(_, r)| *r).collect();
     weighted_sum(&rows, &downs, out, terms[0].0.down.rows);
 }

@@ -56,16 +56,5 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg, progress: &LoadHook) -> Result<Networ
         .map(|i| layer(i, &format!("model.layers.{i}")))
         .collect::<Result<Vec<_>>>()?;
     let mtp = mtp::load(&ld, cfg, &d, &layer)?;
-    let (embed, final_norm, lm_head) = d.embeddings(&ld)?;
-    Ok(Network {
-        model_type: "glm4_moe".into(),
-        vocab_size: d.vocab,
-        hidden_size: d.hidden,
-        max_context: d.max_context,
-        embed,
-        layers,
-        final_norm,
-        lm_head,
-        mtp,
-    })
+    Network::decoder("glm4_moe", &d, &ld, layers, mtp)
 }

@@ -14,6 +14,8 @@ pub mod dsa;
 pub mod exec;
 pub mod glm4_moe;
 pub mod glm_moe_dsa;
+pub mod glu;
+pub mod gpt_oss;
 pub mod layer;
 pub mod load;
 pub mod mixtral;
@@ -48,6 +50,7 @@ const FAMILIES: &[(&str, Builder)] = &[
     ("deepseek_v3", deepseek_v3::build),
     ("glm4_moe", glm4_moe::build),
     ("glm_moe_dsa", glm_moe_dsa::build),
+    ("gpt_oss", gpt_oss::build),
 ];
 
 pub fn supported_model_types() -> Vec<String> {

@@ -16,6 +16,12 @@ pub enum Routing {
     /// softmax over all experts, top-k; renormalise the k weights when `norm_topk_prob`
     /// (OLMoE, Qwen3-MoE; Mixtral always renormalises).
     SoftmaxTopK { norm_topk_prob: bool },
+    /// gpt-oss (`GptOssTopKRouter`): the router's bias added to its logits, the top-k of
+    /// those, and the weights a softmax over the k chosen logits alone.
+    TopKSoftmax {
+        /// `router.bias`, one per expert.
+        bias: Vec<f32>,
+    },
     /// DeepSeek-V3 / GLM "noaux_tc": sigmoid scores; the choice uses scores plus
     /// `e_score_correction_bias`, restricted to the `topk_group` groups (of `n_group`) whose
     /// two best biased scores sum highest; the weights are the unbiased scores of the chosen
@@ -81,6 +87,15 @@ impl Moe {
                         let s: f32 = weights.iter().sum();
                         weights.iter_mut().for_each(|w| *w /= s);
                     }
+                    Route { experts, weights }
+                }
+                Routing::TopKSoftmax { bias } => {
+                    for (l, b) in row.iter_mut().zip(bias) {
+                        *l += b;
+                    }
+                    let experts = top_k_indices(row, self.top_k);
+                    let mut weights: Vec<f32> = experts.iter().map(|&i| row[i]).collect();
+                    softmax(&mut weights);
                     Route { experts, weights }
                 }
                 Routing::SigmoidGroupLimited {
@@ -321,6 +336,29 @@ mod tests {
         // Without the group limit expert 6 wins.
         let r = sigmoid_group_limited(&logits, &bias, 1, 1, 2, true, 2.5);
         assert_eq!(r.experts, vec![6, 0]);
+    }
+
+    /// gpt-oss's router: the bias is added to the logits, the top-k of those chosen, and their
+    /// weights a softmax over the k biased logits alone.
+    #[test]
+    fn top_k_softmax_weighs_the_chosen_biased_logits_only() {
+        let moe = Moe {
+            router: Matrix::from_f32(4, 2, &[1.0, 0.0, 0.0, 1.0, 1.0, 1.0, -1.0, 0.0]),
+            routing: Routing::TopKSoftmax {
+                bias: vec![0.0, 0.5, -2.5, 0.0],
+            },
+            top_k: 2,
+            experts: Vec::new(),
+            shared: None,
+            hooks: Default::default(),
+        };
+        // Logits [1, 0.2, 1.2, -1] + bias = [1, 0.7, -1.3, -1]: experts 0 and 1, though 2 has
+        // the largest logit before its bias.
+        let r = moe.route(&[1.0, 0.2], 1).remove(0);
+        assert_eq!(r.experts, vec![0, 1]);
+        let e = (0.7f32 - 1.0).exp();
+        assert!((r.weights[0] - 1.0 / (1.0 + e)).abs() < 1e-6);
+        assert!((r.weights[1] - e / (1.0 + e)).abs() < 1e-6);
     }
 
     #[test]

@@ -2,11 +2,13 @@
 //! KV caches, and the one batched forward pass (optionally returning final hidden states),
 //! with the MTP forward beside it.
 
-use super::blocks::RmsNorm;
+use super::blocks::{Loader, RmsNorm};
+use super::config::CommonDims;
 use super::layer::Layer;
 use super::mtp::MtpLayer;
 use super::profile;
 use super::step::{BatchRows, LogitsWanted, SeqStep};
+use crate::error::Result;
 use crate::kv::{KvCache, KvDtype};
 use crate::tensor::Matrix;
 
@@ -75,6 +77,29 @@ fn cache_for<'a>(
 }
 
 impl Network {
+    /// A decoder-only network of `layers` (and `mtp` layers) under the Hub's usual names for
+    /// the embedding, final norm and head ([`CommonDims::embeddings`]): how every family
+    /// finishes its build.
+    pub fn decoder(
+        model_type: &str,
+        d: &CommonDims,
+        ld: &Loader,
+        layers: Vec<Layer>,
+        mtp: Vec<MtpLayer>,
+    ) -> Result<Network> {
+        let (embed, final_norm, lm_head) = d.embeddings(ld)?;
+        Ok(Network {
+            model_type: model_type.into(),
+            vocab_size: d.vocab,
+            hidden_size: d.hidden,
+            max_context: d.max_context,
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+            mtp,
+        })
+    }
     /// A cache in each layer's default dtype (f16 keys and values for GQA, f32 latents for
     /// MLA) unless `COLIBRI_KV` forces one (see [`crate::kv`]).
     pub fn new_cache(&self) -> KvCache {

@@ -63,16 +63,5 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg, progress: &LoadHook) -> Result<Networ
         });
         layers.push(Layer::load(&ld, &p, &d, Attention::Gqa(attn), ffn)?);
     }
-    let (embed, final_norm, lm_head) = d.embeddings(&ld)?;
-    Ok(Network {
-        model_type: "olmoe".into(),
-        vocab_size: d.vocab,
-        hidden_size: d.hidden,
-        max_context: d.max_context,
-        embed,
-        layers,
-        final_norm,
-        lm_head,
-        mtp: Vec::new(),
-    })
+    Network::decoder("olmoe", &d, &ld, layers, Vec::new())
 }

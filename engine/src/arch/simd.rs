@@ -75,7 +75,17 @@ pub fn silu_mul(g: &mut [f32], u: &[f32]) {
 /// In-place softmax with the vector `exp` (attention scores; the routers keep the exact
 /// one in `blocks`).
 pub fn softmax_fast(x: &mut [f32]) {
-    let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    softmax_fast_with_sink(x, None)
+}
+
+/// [`softmax_fast`] over `x` and, when given, one more logit `sink` that takes its share of
+/// the denominator and is then dropped (gpt-oss's attention sinks: transformers concatenates
+/// the sink to the scores, softmaxes, and drops its column).
+pub fn softmax_fast_with_sink(x: &mut [f32], sink: Option<f32>) {
+    let m = x
+        .iter()
+        .copied()
+        .fold(sink.unwrap_or(f32::NEG_INFINITY), f32::max);
     for v in x.iter_mut() {
         *v -= m;
     }
@@ -91,6 +101,9 @@ pub fn softmax_fast(x: &mut [f32]) {
     let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     for v in chunks.remainder() {
         s += v;
+    }
+    if let Some(z) = sink {
+        s += exp_scalar(z - m);
     }
     let inv = 1.0 / s;
     for v in x.iter_mut() {
@@ -251,6 +264,36 @@ mod tests {
             crate::arch::blocks::softmax(&mut q);
             for (a, b) in p.iter().zip(&q) {
                 assert!((a - b).abs() <= 1e-6, "softmax {n}");
+            }
+        }
+        let x: Vec<f32> = (0..1003).map(|i| i as f32 * 0.01 - 3.0).collect();
+        let want: f64 = x.iter().map(|v| (*v as f64) * (*v as f64)).sum();
+        assert!((sum_squares_f64(&x) - want).abs() <= want * 1e-14);
+    }
+
+    /// A sink is one more logit in the denominator, dropped from the output: transformers'
+    /// `softmax(cat([scores, sink]))[..., :-1]`, for a sink below, among and above the scores.
+    #[test]
+    fn softmax_with_a_sink_is_the_softmax_of_scores_and_sink_without_the_sink() {
+        for sink in [-30.0f32, 0.3, 9.0] {
+            for n in [1, 5, 8, 13] {
+                let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.7).sin() * 3.0).collect();
+                let mut got = x.clone();
+                softmax_fast_with_sink(&mut got, Some(sink));
+                let z = x
+                    .iter()
+                    .chain([&sink])
+                    .fold(f64::MIN, |m, v| m.max(*v as f64));
+                let den: f64 = x.iter().chain([&sink]).map(|v| (*v as f64 - z).exp()).sum();
+                for (g, v) in got.iter().zip(&x) {
+                    let want = ((*v as f64 - z).exp() / den) as f32;
+                    assert!((g - want).abs() <= 1e-6, "sink {sink} n {n}: {g} vs {want}");
+                }
+                let total: f32 = got.iter().sum();
+                assert!(
+                    total < 1.0 || sink < -20.0,
+                    "the sink takes its share: {total}"
+                );
             }
         }
         let x: Vec<f32> = (0..1003).map(|i| i as f32 * 0.01 - 3.0).collect();

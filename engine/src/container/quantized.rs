@@ -61,6 +61,7 @@ impl TensorRecord {
             WeightFormat::I2 { group, scale } => ("int2", Some(group), Some(scale)),
             WeightFormat::I3G64 => ("int3", Some(64), Some(ScaleType::F32)),
             WeightFormat::I2Plain => ("int2-plain", Some(0), Some(ScaleType::F32)),
+            WeightFormat::Mxfp4 => ("mxfp4", Some(32), Some(ScaleType::E8M0)),
         };
         TensorRecord {
             format: f.into(),
@@ -721,6 +722,20 @@ pub(super) fn apply_container_meta(
     Ok(meta.experts.clone())
 }
 
+/// Whether `name` is half of an MXFP4 pair as gpt-oss publishes them (`X_blocks` and
+/// `X_scales`, both U8): read by the family as they are (`arch::gpt_oss`), not the C layout.
+fn is_mxfp4_pair(name: &str, tensors: &HashMap<String, TensorRef>) -> bool {
+    let other = if let Some(stem) = name.strip_suffix("_blocks") {
+        format!("{stem}_scales")
+    } else if let Some(stem) = name.strip_suffix("_scales") {
+        format!("{stem}_blocks")
+    } else {
+        return false;
+    };
+    tensors.get(&other).is_some_and(|t| t.dtype == DType::U8)
+        && tensors.get(name).is_some_and(|t| t.dtype == DType::U8)
+}
+
 fn is_scales_of_record(name: &str, meta: &ContainerMeta) -> bool {
     name.strip_suffix(SCALES_SUFFIX)
         .and_then(|w| meta.tensors.get(w))
@@ -739,7 +754,7 @@ pub(super) fn attach_c_layout(
 ) -> Result<usize> {
     let names: Vec<String> = tensors
         .iter()
-        .filter(|(_, t)| matches!(t.dtype, DType::U8 | DType::I8))
+        .filter(|(n, t)| matches!(t.dtype, DType::U8 | DType::I8) && !is_mxfp4_pair(n, tensors))
         .map(|(n, _)| n.clone())
         .collect();
     for name in &names {

@@ -229,5 +229,6 @@ fn rebind(t: &Mlp, buf: &Arc<ExpertBuf>) -> Mlp {
         gate: one(&t.gate),
         up: one(&t.up),
         down: one(&t.down),
+        glu: t.glu.clone(),
     }
 }

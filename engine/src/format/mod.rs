@@ -4,6 +4,7 @@
 
 pub mod int5;
 pub mod lowbit;
+pub mod mxfp4;
 pub mod rows8;
 mod weight;
 

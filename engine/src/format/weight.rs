@@ -15,6 +15,8 @@ pub fn block_range(b: usize, cols: usize) -> std::ops::Range<usize> {
 pub enum ScaleType {
     F32,
     F16,
+    /// One byte, a power of two `2^(e - 127)` (OCP microscaling E8M0: MXFP4's scales).
+    E8M0,
 }
 
 impl ScaleType {
@@ -22,12 +24,14 @@ impl ScaleType {
         match self {
             ScaleType::F32 => 4,
             ScaleType::F16 => 2,
+            ScaleType::E8M0 => 1,
         }
     }
     pub fn name(self) -> &'static str {
         match self {
             ScaleType::F32 => "f32",
             ScaleType::F16 => "f16",
+            ScaleType::E8M0 => "e8m0",
         }
     }
 }
@@ -88,6 +92,10 @@ pub enum WeightFormat {
     /// four codes per byte (element `j` in bits `2(j%4)` of byte `j/4`), one f32 scale per
     /// row. (colibri's own [`I2`](Self::I2) is symmetric and interleaved per 32 elements.)
     I2Plain,
+    /// MXFP4 (OCP microscaling FP4) as gpt-oss publishes its experts: per block of 32
+    /// elements 16 bytes of FP4 e2m1 codes (element `2k` in the low nibble of byte `k`) and
+    /// one E8M0 scale byte (`format::mxfp4`); a row's last block may be partial.
+    Mxfp4,
 }
 
 impl WeightFormat {
@@ -101,6 +109,7 @@ impl WeightFormat {
             WeightFormat::I5 { .. } => cols.div_ceil(2) + cols.div_ceil(8),
             WeightFormat::I2 { .. } | WeightFormat::I2Plain => cols.div_ceil(4),
             WeightFormat::I3G64 => cols.div_ceil(64) * 24,
+            WeightFormat::Mxfp4 => cols.div_ceil(32) * 16,
         }
     }
 
@@ -110,6 +119,7 @@ impl WeightFormat {
             WeightFormat::F32 | WeightFormat::BF16 | WeightFormat::F16 => None,
             WeightFormat::I8Row | WeightFormat::I2Plain => Some(cols.max(1)),
             WeightFormat::I3G64 => Some(64),
+            WeightFormat::Mxfp4 => Some(32),
             WeightFormat::I8 { group, .. }
             | WeightFormat::I4 { group, .. }
             | WeightFormat::I4Rows8 { group, .. }
@@ -133,6 +143,7 @@ impl WeightFormat {
             WeightFormat::I8Row | WeightFormat::I3G64 | WeightFormat::I2Plain => {
                 Some(ScaleType::F32)
             }
+            WeightFormat::Mxfp4 => Some(ScaleType::E8M0),
             WeightFormat::I8 { scale, .. }
             | WeightFormat::I4 { scale, .. }
             | WeightFormat::I4Rows8 { scale, .. }
@@ -184,6 +195,7 @@ impl WeightFormat {
             WeightFormat::I2 { group, .. } => format!("int2-g{group}"),
             WeightFormat::I3G64 => "int3-g64".into(),
             WeightFormat::I2Plain => "int2-plain".into(),
+            WeightFormat::Mxfp4 => "mxfp4".into(),
         }
     }
 }

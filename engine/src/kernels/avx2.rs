@@ -208,6 +208,7 @@ unsafe fn scale(st: ScaleType, s: *const u8, g: usize) -> f32 {
             let h = std::ptr::read_unaligned(s.add(2 * g) as *const u16);
             _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
         }
+        ScaleType::E8M0 => crate::format::mxfp4::scale(*s.add(g)),
     }
 }
 
@@ -611,7 +612,13 @@ pub unsafe fn matmul_rows(
         (WeightFormat::I8 { .. }, false) => shapes_f32!(blocks, f32_tile::<DeqI8>),
         (WeightFormat::I4 { .. }, false) => shapes_f32!(blocks, f32_tile::<DeqI4>),
         (WeightFormat::I2 { .. }, false) => shapes_f32!(blocks, f32_tile::<DeqI2>),
-        (WeightFormat::I3G64 | WeightFormat::I2Plain | WeightFormat::I5 { .. }, _) => {
+        (
+            WeightFormat::I3G64
+            | WeightFormat::I2Plain
+            | WeightFormat::I5 { .. }
+            | WeightFormat::Mxfp4,
+            _,
+        ) => {
             unreachable!("formats without tiles take the per-row path (matmul.rs)")
         }
         (WeightFormat::I4Rows8 { .. }, _) => {

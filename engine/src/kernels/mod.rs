@@ -17,6 +17,7 @@
 
 pub mod int5;
 pub mod lowbit;
+pub mod mxfp4;
 pub mod scalar;
 
 #[cfg(target_arch = "x86_64")]

@@ -36,6 +36,7 @@ pub fn scale_at(st: ScaleType, s: &[u8], g: usize) -> f32 {
     match st {
         ScaleType::F32 => f32::from_le_bytes([s[4 * g], s[4 * g + 1], s[4 * g + 2], s[4 * g + 3]]),
         ScaleType::F16 => half::f16::from_le_bytes([s[2 * g], s[2 * g + 1]]).to_f32(),
+        ScaleType::E8M0 => crate::format::mxfp4::scale(s[g]),
     }
 }
 
@@ -76,6 +77,9 @@ pub fn elem(format: WeightFormat, w: &[u8], j: usize, cols: usize) -> f32 {
         WeightFormat::I2 { .. } => i2_code(w, j, cols) as f32 - 1.5,
         WeightFormat::I3G64 => crate::format::lowbit::i3_code(w, j) as f32 - 4.0,
         WeightFormat::I2Plain => crate::format::lowbit::i2p_code(w, j) as f32 - 2.0,
+        WeightFormat::Mxfp4 => {
+            crate::format::mxfp4::VALUES[crate::format::mxfp4::code(w, j) as usize]
+        }
         WeightFormat::I4Rows8 { .. } => {
             unreachable!("int4-rows8 rows are taken out as int4 first (rows8::gather_row)")
         }
@@ -181,9 +185,16 @@ pub fn dot_q8_blocks(
             WeightFormat::I2Plain => r
                 .map(|j| (crate::format::lowbit::i2p_code(w, j) as i32 - 2) * a.q()[j] as i32)
                 .sum(),
+            // Twice the FP4 value is an integer: the sum is exact, halved below.
+            WeightFormat::Mxfp4 => r
+                .map(|j| {
+                    let c = crate::format::mxfp4::code(w, j) as usize;
+                    crate::format::mxfp4::DOUBLED[c] as i32 * q[j] as i32
+                })
+                .sum(),
             _ => unreachable!("dot_q8 is only called for quantized formats"),
         };
-        let isum = if matches!(format, WeightFormat::I2 { .. }) {
+        let isum = if matches!(format, WeightFormat::I2 { .. } | WeightFormat::Mxfp4) {
             isum as f32 * 0.5
         } else {
             isum as f32

@@ -31,6 +31,7 @@ fn formats() -> Vec<WeightFormat> {
         WeightFormat::I8Row,
         WeightFormat::I3G64,
         WeightFormat::I2Plain,
+        WeightFormat::Mxfp4,
     ];
     for scale in [ScaleType::F32, ScaleType::F16] {
         for group in [0, 32, 64, 96, 128] {
@@ -70,6 +71,7 @@ fn random_row(format: WeightFormat, cols: usize, rng: &mut Rng) -> (Vec<u8>, Vec
         let v = 0.01 + rng.f().abs();
         match format.scale_type() {
             Some(ScaleType::F16) => s.extend_from_slice(&half::f16::from_f32(v).to_le_bytes()),
+            Some(ScaleType::E8M0) => s.push(118 + (rng.next() % 16) as u8),
             _ => s.extend_from_slice(&v.to_le_bytes()),
         }
     }

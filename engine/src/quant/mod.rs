@@ -23,6 +23,7 @@ fn stored_scale(st: ScaleType, s: f32) -> f32 {
     match st {
         ScaleType::F32 => s,
         ScaleType::F16 => half::f16::from_f32(s).to_f32(),
+        ScaleType::E8M0 => crate::format::mxfp4::scale(e8m0_of(s)),
     }
 }
 
@@ -30,6 +31,16 @@ fn push_scale(st: ScaleType, s: f32, out: &mut Vec<u8>) {
     match st {
         ScaleType::F32 => out.extend_from_slice(&s.to_le_bytes()),
         ScaleType::F16 => out.extend_from_slice(&half::f16::from_f32(s).to_le_bytes()),
+        ScaleType::E8M0 => out.push(e8m0_of(s)),
+    }
+}
+
+/// The E8M0 byte of the power of two nearest `s` (in log scale).
+fn e8m0_of(s: f32) -> u8 {
+    if s > 0.0 && s.is_finite() {
+        (s.log2().round() as i32 + 127).clamp(0, 254) as u8
+    } else {
+        127
     }
 }
 
@@ -220,6 +231,7 @@ pub fn quantize_row(format: WeightFormat, row: &[f32], data: &mut Vec<u8>, scale
         }
         WeightFormat::I3G64 => lowbit::quantize_row_i3(row, data, scales),
         WeightFormat::I2Plain => lowbit::quantize_row_i2_plain(row, data, scales),
+        WeightFormat::Mxfp4 => crate::format::mxfp4::quantize_row(row, data, scales),
         WeightFormat::I4Rows8 { .. } => {
             panic!("int4-rows8 interleaves whole matrices: quantize with quant::quantize")
         }

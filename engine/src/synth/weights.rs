@@ -94,6 +94,8 @@ impl Source for RandomSource {
             match st {
                 ScaleType::F32 => scales.extend_from_slice(&v.to_le_bytes()),
                 ScaleType::F16 => scales.extend_from_slice(&half::f16::from_f32(v).to_le_bytes()),
+                // The nearest power of two.
+                ScaleType::E8M0 => scales.push((v.log2().round() as i32 + 127).clamp(1, 254) as u8),
             }
         }
         Some(Packed { data, scales })

@@ -161,7 +161,7 @@ fn json_value(v: &serde_json::Value) -> Value {
 /// A message as OpenAI-style clients send it (and HF templates read it): role and content,
 /// then, only when present, `tool_calls` (`{id, type, function: {name, arguments}}`, the
 /// arguments a mapping for templates that iterate them, else the JSON text),
-/// `tool_call_id`, `name` and `reasoning_content`.
+/// `tool_call_id`, `name` and `reasoning_content` (also as `thinking`).
 fn message_json(m: &ChatMessage, args_as_mapping: bool) -> serde_json::Value {
     use serde_json::{json, Value as J};
     let mut o = serde_json::Map::new();
@@ -193,6 +193,8 @@ fn message_json(m: &ChatMessage, args_as_mapping: bool) -> serde_json::Value {
     }
     if let Some(r) = &m.reasoning_content {
         o.insert("reasoning_content".into(), J::String(r.clone()));
+        // gpt-oss's template (and transformers' chat format for it) call it `thinking`.
+        o.insert("thinking".into(), J::String(r.clone()));
     }
     J::Object(o)
 }

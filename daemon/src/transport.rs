@@ -552,7 +552,10 @@ mod windows {
         }
 
         /// The DACL of a kernel object (None: no DACL at all, i.e. open to everyone).
-        pub fn dacl_of(handle: HANDLE) -> io::Result<Option<Vec<Entry>>> {
+        pub fn dacl_of(
+            object: &impl std::os::windows::io::AsRawHandle,
+        ) -> io::Result<Option<Vec<Entry>>> {
+            let handle: HANDLE = object.as_raw_handle().cast();
             let me = current_user_sid()?;
             let mut need = 0u32;
             // SAFETY: a size query; sets `need`.
@@ -812,7 +815,6 @@ mod windows_tests {
     use super::windows::security::{self, Entry, PIPE_ACCESS};
     use super::windows::*;
     use super::ListenError;
-    use std::os::windows::io::AsRawHandle;
     use std::path::PathBuf;
     use std::time::Duration;
 
@@ -840,7 +842,7 @@ mod windows_tests {
         rt().block_on(async {
             let sec = security::PipeSecurity::owner_only().unwrap();
             let server = create_instance(&path, &sec, true).unwrap();
-            let dacl = security::dacl_of(server.as_raw_handle() as _).unwrap();
+            let dacl = security::dacl_of(&server).unwrap();
             assert_eq!(
                 dacl,
                 Some(vec![Entry {
@@ -852,7 +854,7 @@ mod windows_tests {
             );
             // Further instances (one per client) carry the same DACL.
             let next = create_instance(&path, &sec, false).unwrap();
-            assert_eq!(security::dacl_of(next.as_raw_handle() as _).unwrap(), dacl);
+            assert_eq!(security::dacl_of(&next).unwrap(), dacl);
         });
     }
 
@@ -893,7 +895,7 @@ mod windows_tests {
                 );
                 return;
             }
-            let e = b.err().expect("a second first instance must fail");
+            let e = b.expect_err("a second first instance must fail");
             assert!(
                 super::pipe_name::create_error_means_taken(e.raw_os_error()),
                 "{e}"

@@ -22,7 +22,7 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
   export DEBIAN_FRONTEND=noninteractive
   for try in 1 2 3; do
-    { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; } && break
+    { apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null; } && break
     [ "$try" = 3 ] && { echo "windows_e2e: apt-get install ${need[*]} failed" >&2; exit 1; }
     sleep 5
   done

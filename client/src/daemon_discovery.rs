@@ -180,6 +180,29 @@ fn detach(cmd: &mut std::process::Command) {
         const DETACHED_PROCESS: u32 = 0x0000_0008;
         const CREATE_NEW_PROCESS_GROUP: u32 = 0x0000_0200;
         cmd.creation_flags(DETACHED_PROCESS | CREATE_NEW_PROCESS_GROUP);
+        keep_std_handles_to_ourselves();
+    }
+}
+
+/// Makes coli's own standard handles non-inheritable. Windows children inherit every
+/// inheritable handle (Rust spawns with bInheritHandles), and a parent that captures coli's
+/// output hands coli inheritable pipe ends: the daemon, which outlives coli, would hold
+/// them open, and whoever reads coli's output (a script's `$(coli run ...)`, Python's
+/// subprocess) would wait for the daemon to exit. The daemon gets its own standard handles
+/// (the log file) explicitly; a later child given `Stdio::inherit()` gets a duplicate.
+#[cfg(windows)]
+fn keep_std_handles_to_ourselves() {
+    use std::os::windows::io::AsRawHandle;
+    use windows_sys::Win32::Foundation::{SetHandleInformation, HANDLE_FLAG_INHERIT};
+    let handles = [
+        std::io::stdin().as_raw_handle(),
+        std::io::stdout().as_raw_handle(),
+        std::io::stderr().as_raw_handle(),
+    ];
+    for h in handles.into_iter().filter(|h| !h.is_null()) {
+        // SAFETY: a standard handle of this process; only its inherit flag changes. A
+        // console pseudo-handle may refuse: nothing to leak then.
+        unsafe { SetHandleInformation(h.cast(), HANDLE_FLAG_INHERIT, 0) };
     }
 }
 

@@ -20,18 +20,34 @@ pub struct StateDir {
     pub root: PathBuf,
 }
 
-/// The default state directory for this user.
+/// The default state directory for this user: `%LOCALAPPDATA%\colibri` on Windows (else
+/// `%USERPROFILE%\AppData\Local\colibri`), `$XDG_STATE_HOME/colibri` or
+/// `~/.local/state/colibri` elsewhere.
 pub fn default_state_dir() -> PathBuf {
-    #[cfg(windows)]
-    {
-        if let Some(d) = std::env::var_os("LOCALAPPDATA").filter(|d| !d.is_empty()) {
-            return PathBuf::from(d).join("colibri");
+    state_dir_from(cfg!(windows), |k| std::env::var_os(k))
+}
+
+/// [`default_state_dir`] from an environment (`var`) and the platform: plain logic, tested on
+/// every platform.
+fn state_dir_from(windows: bool, var: impl Fn(&str) -> Option<std::ffi::OsString>) -> PathBuf {
+    let var = |k: &str| var(k).filter(|d| !d.is_empty()).map(PathBuf::from);
+    if windows {
+        if let Some(d) = var("LOCALAPPDATA") {
+            return d.join("colibri");
+        }
+        if let Some(d) = var("USERPROFILE") {
+            return d.join("AppData").join("Local").join("colibri");
         }
     }
-    if let Some(d) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d).join("colibri");
+    if let Some(d) = var("XDG_STATE_HOME") {
+        return d.join("colibri");
     }
-    home_dir().join(".local").join("state").join("colibri")
+    var("HOME")
+        .or_else(|| var("USERPROFILE"))
+        .unwrap_or_else(|| PathBuf::from("."))
+        .join(".local")
+        .join("state")
+        .join("colibri")
 }
 
 pub fn home_dir() -> PathBuf {
@@ -260,5 +276,49 @@ mod tests {
         fs::write(s.pins_path("/m"), b"{not json").unwrap();
         assert!(s.load_pins("/m").is_empty());
         assert!(!s.pins_path("/m").exists(), "damaged pins are set aside");
+    }
+
+    #[test]
+    fn the_default_state_folder_per_platform() {
+        fn env<'a>(
+            pairs: &'a [(&'a str, &'a str)],
+        ) -> impl Fn(&str) -> Option<std::ffi::OsString> + 'a {
+            move |k| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| std::ffi::OsString::from(v))
+            }
+        }
+        let win = [
+            ("LOCALAPPDATA", r"C:\Users\Zoë Ünïcødé\AppData\Local"),
+            ("USERPROFILE", r"C:\Users\Zoë Ünïcødé"),
+            ("XDG_STATE_HOME", "/ignored/on/windows"),
+        ];
+        assert_eq!(
+            state_dir_from(true, env(&win)),
+            Path::new(win[0].1).join("colibri")
+        );
+        // No (or an empty) LOCALAPPDATA: the same folder under the profile.
+        let profile_only = [("LOCALAPPDATA", ""), ("USERPROFILE", r"C:\Users\me")];
+        assert_eq!(
+            state_dir_from(true, env(&profile_only)),
+            Path::new(r"C:\Users\me")
+                .join("AppData")
+                .join("Local")
+                .join("colibri")
+        );
+        // Elsewhere LOCALAPPDATA means nothing.
+        let unix = [
+            ("LOCALAPPDATA", "x"),
+            ("XDG_STATE_HOME", "/s"),
+            ("HOME", "/h"),
+        ];
+        assert_eq!(state_dir_from(false, env(&unix)), Path::new("/s/colibri"));
+        let home = [("HOME", "/h")];
+        assert_eq!(
+            state_dir_from(false, env(&home)),
+            Path::new("/h/.local/state/colibri")
+        );
     }
 }

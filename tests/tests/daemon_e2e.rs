@@ -355,7 +355,15 @@ async fn prompts_arriving_together_share_a_step() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_client_frees_its_slot_and_full_queue_is_resource_exhausted() {
     let p = place();
-    let d = start(&p, &["--max-batch", "1", "--queue", "0"]);
+    // A 2 ms pause after each engine step (the daemon's test hook): the tiny fixture would
+    // otherwise generate its 200 tokens in a few milliseconds, before a dropped client can
+    // be noticed, and the test would measure the machine's load rather than cancellation.
+    let d = Daemon::start_with_env(
+        &p.socket,
+        &p.state,
+        &["--max-batch", "1", "--queue", "0"],
+        &[("COLIBRI_STEP_PAUSE_MS", "2")],
+    );
     let mut c = d.client().await;
     let dir = fixture("olmoe");
     let r = Reference::load("olmoe");
@@ -407,7 +415,15 @@ async fn dropped_client_frees_its_slot_and_full_queue_is_resource_exhausted() {
         }
     };
     assert_eq!(run.ids, r.greedy_ids[..4]);
-    let st = c.status(pb::StatusRequest {}).await.unwrap().into_inner();
+    // The engine thread publishes its status after a step (and its pause): wait for it.
+    let t = Instant::now();
+    let st = loop {
+        let st = c.status(pb::StatusRequest {}).await.unwrap().into_inner();
+        if st.models[0].active_generations == 0 || t.elapsed() > Duration::from_secs(10) {
+            break st;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_eq!(st.models[0].active_generations, 0);
     // The dropped generation's tokens and the 4 of the last request, fewer than its 200.
     assert!(

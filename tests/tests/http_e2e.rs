@@ -655,7 +655,15 @@ fn open_stream(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_stream_frees_its_slot_and_a_full_queue_is_429() {
-    let (s, _c) = serve(&["--max-batch", "1", "--queue", "0"], &["olmoe"]).await;
+    // A 2 ms pause after each engine step (the daemon's test hook), so that the long
+    // generation below holds its slot for seconds, not the few milliseconds the tiny
+    // fixture needs, whatever the machine's load.
+    let (s, _c) = serve_env(
+        &["--max-batch", "1", "--queue", "0"],
+        &["olmoe"],
+        &[("COLIBRI_STEP_PAUSE_MS", "2")],
+    )
+    .await;
     let addr = s.addr;
     // A long generation (up to the context) holds the only slot.
     let long = json!({"model": "olmoe", "prompt": [1, 2, 3], "stream": true,
@@ -685,7 +693,17 @@ async fn a_dropped_stream_frees_its_slot_and_a_full_queue_is_429() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let m = blocking(move || get(addr, "/metrics")).await.text();
+    // The gauges move as an answer's stream ends, just after its body is sent: the request
+    // that got the slot may still count as active for a moment.
+    let t = Instant::now();
+    let m = loop {
+        let m = blocking(move || get(addr, "/metrics")).await.text();
+        if gauge(&m, "colibri_active_generations{") == 0.0 || t.elapsed() > Duration::from_secs(10)
+        {
+            break m;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert!(
         m.contains("colibri_generations_total{model=\"olmoe\",reason=\"cancelled\"} 1"),
         "{m}"
@@ -809,7 +827,14 @@ async fn coli_serve_loads_the_model_and_starts_the_api() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_cut_by_an_unload_ends_with_an_error_event() {
     // One prompt token per step: the unload arrives while the long prompt is prefilled.
-    let (s, mut c) = serve(&["--solo-prefill-chunk", "1"], &["olmoe"]).await;
+    // With a 2 ms pause after each step (the daemon's test hook) the prefill takes ~0.2 s
+    // whatever the machine's load, so the unload cannot come after the stream ended.
+    let (s, mut c) = serve_env(
+        &["--solo-prefill-chunk", "1"],
+        &["olmoe"],
+        &[("COLIBRI_STEP_PAUSE_MS", "2")],
+    )
+    .await;
     let addr = s.addr;
     let long = "sea ".repeat(100);
     for (path, body) in [

@@ -226,3 +226,18 @@ pub async fn load_model(
     last.info
         .expect("the Ready message carries the model's info")
 }
+
+/// The loopback address of the daemon's HTTP listener, from `Status.http_url`
+/// (`http://ADDR/v1`).
+pub async fn http_addr(c: &mut ColibriClient<Channel>) -> std::net::SocketAddr {
+    let url = c
+        .status(pb::StatusRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .http_url;
+    url.strip_prefix("http://")
+        .and_then(|u| u.strip_suffix("/v1"))
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("Status.http_url {url:?}"))
+}

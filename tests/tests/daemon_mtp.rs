@@ -180,18 +180,7 @@ async fn daemon_drafts_with_mtp_and_greedy_output_is_unchanged() {
     }
 
     // The HTTP API's requests draft automatically (greedy): same tokens.
-    let url = c
-        .status(pb::StatusRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .http_url;
-    let addr: std::net::SocketAddr = url
-        .strip_prefix("http://")
-        .and_then(|u| u.strip_suffix("/v1"))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let addr = colibri_tests::daemon::http_addr(&mut c).await;
     for family in MTP_FAMILIES {
         let r = Reference::load(family);
         let body = json!({"model": family, "prompt": r.prompt_ids, "max_tokens": r.greedy_ids.len(),

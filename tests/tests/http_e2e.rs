@@ -4,7 +4,7 @@
 
 use colibri_engine::{GenerateRequest, Generation, Model, SamplingParams};
 use colibri_proto::v1 as pb;
-use colibri_tests::daemon::{load_model, Daemon};
+use colibri_tests::daemon::{http_addr, load_model, Daemon};
 use colibri_tests::fixture;
 use colibri_tests::http::{self, get, post_json, request};
 use pb::colibri_client::ColibriClient;
@@ -44,18 +44,7 @@ async fn serve_env(
     for m in models {
         load(&mut c, &fixture(m)).await;
     }
-    let url = c
-        .status(pb::StatusRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .http_url;
-    let addr = url
-        .strip_prefix("http://")
-        .and_then(|u| u.strip_suffix("/v1"))
-        .unwrap_or_else(|| panic!("Status.http_url {url:?}"))
-        .parse()
-        .unwrap();
+    let addr = http_addr(&mut c).await;
     (
         Served {
             _daemon: daemon,

@@ -5,8 +5,7 @@
 //! JSON-only rule for bodies (text/plain, form and multipart refused). The same attack from a
 //! real browser page is in tools/web_e2e.py.
 
-use colibri_proto::v1 as pb;
-use colibri_tests::daemon::{load_model, Daemon};
+use colibri_tests::daemon::{http_addr, load_model, Daemon};
 use colibri_tests::fixture;
 use colibri_tests::http::{self, request};
 use serde_json::json;
@@ -34,18 +33,7 @@ async fn serve() -> Served {
     let model = load_model(&mut c, &fixture("olmoe").display().to_string(), None)
         .await
         .id;
-    let url = c
-        .status(pb::StatusRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .http_url;
-    let addr = url
-        .strip_prefix("http://")
-        .and_then(|u| u.strip_suffix("/v1"))
-        .unwrap()
-        .parse()
-        .unwrap();
+    let addr = http_addr(&mut c).await;
     Served {
         _daemon: daemon,
         addr,

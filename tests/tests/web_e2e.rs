@@ -6,7 +6,7 @@
 //! tools/web_e2e.py (CI).
 
 use colibri_proto::v1 as pb;
-use colibri_tests::daemon::{load_model, workspace_bin, Daemon};
+use colibri_tests::daemon::{http_addr, load_model, workspace_bin, Daemon};
 use colibri_tests::fixture;
 use colibri_tests::http::{self, get, post_json, request};
 use pb::colibri_client::ColibriClient;
@@ -34,17 +34,7 @@ async fn serve(args: &[&str]) -> (Served, ColibriClient<Channel>) {
         &all,
     );
     let mut c = daemon.client().await;
-    let url = c
-        .status(pb::StatusRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .http_url;
-    let addr = url
-        .trim_start_matches("http://")
-        .trim_end_matches("/v1")
-        .parse()
-        .unwrap();
+    let addr = http_addr(&mut c).await;
     (
         Served {
             daemon,

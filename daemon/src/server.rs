@@ -139,10 +139,17 @@ pub fn run(args: Args, memory: crate::memory::Policy) -> anyhow::Result<()> {
         .state_dir
         .clone()
         .unwrap_or_else(state::default_state_dir);
-    let state = StateDir::open(state_root.clone())
-        .map_err(|e| anyhow::anyhow!("state directory {}: {e}", state_root.display()))?;
-    // Bind before anything else runs: a second daemon must fail here, fast and clearly.
+    // Bind before anything else runs: a second daemon must fail here, fast and clearly, and
+    // before it opens the state folder (whose opening clears interrupted writes: the running
+    // daemon's writes in flight must not be taken for those).
     let endpoint = transport::bind(&socket)?;
+    let state = match StateDir::open(state_root.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            endpoint.cleanup();
+            anyhow::bail!("state directory {}: {e}", state_root.display());
+        }
+    };
     let cfg = Config {
         socket: endpoint.path.clone(),
         state_dir: state.root.clone(),

@@ -107,7 +107,10 @@ impl StateDir {
 }
 
 /// Removes `*.tmp` files in `dir` and one level below: the leftovers of a write that was
-/// interrupted before its rename.
+/// interrupted before its rename. A temp file names its writer's process id
+/// (`NAME.PID.tmp`, see [`write_atomic_with`]); one whose writer is another process still
+/// running is a write in flight (a second daemon on another socket sharing this folder, a
+/// `coli` writing pins), not a leftover, and stays.
 fn remove_temp_files(dir: &Path) {
     let Ok(rd) = fs::read_dir(dir) else { return };
     for e in rd.flatten() {
@@ -115,10 +118,38 @@ fn remove_temp_files(dir: &Path) {
         if p.is_dir() {
             remove_temp_files(&p);
         } else if p.extension().is_some_and(|x| x == "tmp") {
+            if writer_pid(&p).is_some_and(|pid| pid != std::process::id() && process_alive(pid)) {
+                continue;
+            }
             tracing::warn!("removing {} (left by an interrupted write)", p.display());
             let _ = fs::remove_file(&p);
         }
     }
+}
+
+/// The writer's process id a temp file's name carries (`NAME.PID.tmp`).
+fn writer_pid(tmp: &Path) -> Option<u32> {
+    let stem = tmp.file_stem()?.to_str()?;
+    stem.rsplit_once('.')?.1.parse().ok()
+}
+
+/// Whether a process with this id runs now (signal 0 checks without sending anything; EPERM
+/// means it runs under another user).
+#[cfg(unix)]
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: kill with signal 0 only checks that the process exists and may be signalled.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Elsewhere one daemon per user holds the folder (its pipe is single-instance): every
+/// temp file at start is a leftover.
+#[cfg(not(unix))]
+fn process_alive(_pid: u32) -> bool {
+    false
 }
 
 /// Writes `path` so that readers see the old or the new content, never a mix: a temp file
@@ -266,10 +297,27 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let root = d.path().join("state");
         let s = StateDir::open(root.clone()).unwrap();
-        let leftover = s.sessions_dir().join("abc.kv.123.tmp");
+        // No process has an id above pid_max (at most 2^22 on Linux).
+        let leftover = s.sessions_dir().join("abc.kv.4000000000.tmp");
         fs::write(&leftover, b"half").unwrap();
+        let no_pid = s.sessions_dir().join("def.kv.tmp");
+        fs::write(&no_pid, b"half").unwrap();
+        // A write in flight by another running process (our parent, the test runner's).
+        #[cfg(unix)]
+        let in_flight = {
+            let parent = std::os::unix::process::parent_id();
+            let p = s.sessions_dir().join(format!("ghi.kv.{parent}.tmp"));
+            fs::write(&p, b"half").unwrap();
+            p
+        };
         let s = StateDir::open(root).unwrap();
         assert!(!leftover.exists());
+        assert!(!no_pid.exists());
+        #[cfg(unix)]
+        assert!(
+            in_flight.exists(),
+            "another live process's write is left alone"
+        );
         s.save_pins("/m", &[(0, 3), (1, 2)]).unwrap();
         assert_eq!(s.load_pins("/m"), vec![(0, 3), (1, 2)]);
         assert!(s.load_pins("/other").is_empty());

@@ -185,7 +185,13 @@ async fn status_socket_permissions_and_single_instance() {
         );
     }
 
-    // A second daemon on the same socket refuses to start, and says why.
+    // A second daemon on the same socket refuses to start, and says why, and leaves the
+    // first one's writes in flight alone (a temp file named by the writer's process id).
+    let in_flight = p
+        .state
+        .join("sessions")
+        .join(format!("s.kv.{}.tmp", d.child.id()));
+    std::fs::write(&in_flight, b"half").unwrap();
     let log = p.state.with_extension("second.log");
     let mut second = Daemon::spawn(&p.socket, &p.state, &[], &log);
     let t = Instant::now();
@@ -204,6 +210,11 @@ async fn status_socket_permissions_and_single_instance() {
     assert!(msg.contains("already running"), "unclear refusal: {msg}");
     // The first one is unharmed.
     c.status(pb::StatusRequest {}).await.unwrap();
+    assert!(
+        in_flight.exists(),
+        "the refused daemon removed a write in flight"
+    );
+    std::fs::remove_file(&in_flight).unwrap();
 
     // SIGKILL leaves a stale socket file; the next daemon replaces it.
     d.kill();

@@ -2,9 +2,29 @@
 //! and arguments as far as read, what has been streamed of them, the final check) around
 //! the syntax's own reader of the call's body ([`CallBody`]).
 
-use super::{ReplyDelta, ToolCallDelta};
+use super::delta::{ReplyDelta, ToolCallDelta};
 use crate::text::tools::{ToolCall, ToolSpec};
 use serde_json::Value;
+
+/// Where a syntax's tool calls start and end in a reply.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CallMarkup {
+    /// The markers that open and close a section of calls (DeepSeek's `tool▁calls▁begin`
+    /// / `end`), when the syntax has one; text between the calls of a section is dropped,
+    /// and a call that ends returns to its section.
+    pub section: Option<(&'static str, &'static str)>,
+    /// Opens one call.
+    pub open: &'static str,
+    /// Closes one call.
+    pub close: &'static str,
+}
+
+impl CallMarkup {
+    /// The marker whose beginning, left at the end of a reply, means a call was cut off.
+    pub fn first(&self) -> &'static str {
+        self.section.map(|(open, _)| open).unwrap_or(self.open)
+    }
+}
 
 /// What a syntax's reader fills in while it reads a call's body.
 #[derive(Default)]

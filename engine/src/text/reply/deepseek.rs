@@ -3,8 +3,8 @@
 //! `function<｜tool▁sep｜>NAME\n```json\n{...}\n```` in a call, V3.1
 //! `NAME<｜tool▁sep｜>{...}`.
 
+use super::call::{CallBody, CallMarkup, CallText};
 use super::json_value::JsonValue;
-use super::{CallBody, CallMarkup, CallText};
 use crate::text::tools::{DS_CALLS_BEGIN, DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END, DS_SEP};
 
 pub(super) const MARKUP: CallMarkup = CallMarkup {

@@ -2,7 +2,7 @@
 //! </arg_value>\n</tool_call>`, string values bare, others JSON; the arguments object is
 //! built from the pairs, each value typed by the tool's schema.
 
-use super::{CallBody, CallMarkup, CallText};
+use super::call::{CallBody, CallMarkup, CallText};
 use crate::text::tools::python_json;
 use serde_json::Value;
 

@@ -1,8 +1,8 @@
 //! Qwen3 / Hermes tool calls: `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`
 //! (the arguments may also be a JSON string holding the object, or absent).
 
+use super::call::{CallBody, CallMarkup, CallText};
 use super::json_value::JsonValue;
-use super::{CallBody, CallMarkup, CallText};
 
 pub(super) const MARKUP: CallMarkup = CallMarkup {
     section: None,

@@ -4,7 +4,8 @@
 
 use super::*;
 use crate::text::tools::{
-    ToolCall, DS_CALLS_BEGIN, DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END, DS_SEP,
+    ToolCall, ToolFormat, ToolSpec, DS_CALLS_BEGIN, DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END,
+    DS_SEP,
 };
 use crate::text::{ChatMessage, ChatTemplate};
 use serde_json::json;

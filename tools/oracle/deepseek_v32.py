@@ -127,6 +127,13 @@ def main():
     tok = g.train_tokenizer()
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, vocab {tok.get_vocab_size()}")
     g.generate_family(FAMILY, args.out, tok)
+    # DeepSeek-V3.2's published tokenizer_config.json has no chat_template (its chat format is
+    # the Python encoder encoding_dsv32.py): drop the generic one so the engine's built-in
+    # DeepSeek-V3.2 template is what renders this fixture's chats, as it would the real model's.
+    tc_path = args.out / FAMILY / "tokenizer_config.json"
+    tc = json.loads(tc_path.read_text())
+    tc.pop("chat_template", None)
+    tc_path.write_text(json.dumps(tc, indent=2, ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":

@@ -117,7 +117,18 @@ pub enum ToolFormat {
     /// DeepSeek-V3.1: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}
     /// <｜tool▁call▁end｜><｜tool▁calls▁end｜>`.
     DeepSeekV31,
+    /// DeepSeek-V3.2's DSML: `<｜DSML｜function_calls>\n<｜DSML｜invoke name="NAME">\n
+    /// <｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>\n…
+    /// </｜DSML｜invoke>\n</｜DSML｜function_calls>`, string values bare, others JSON.
+    Dsml,
 }
+
+pub const DSML_CALLS_BEGIN: &str = "<｜DSML｜function_calls>";
+pub const DSML_CALLS_END: &str = "</｜DSML｜function_calls>";
+pub const DSML_INVOKE: &str = "<｜DSML｜invoke";
+pub const DSML_INVOKE_END: &str = "</｜DSML｜invoke>";
+pub const DSML_PARAM: &str = "<｜DSML｜parameter";
+pub const DSML_PARAM_END: &str = "</｜DSML｜parameter>";
 
 pub const DS_CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
 pub const DS_CALLS_END: &str = "<｜tool▁calls▁end｜>";
@@ -129,7 +140,9 @@ impl ToolFormat {
     /// The format a chat template writes assistant tool calls in; None when it has no tool
     /// call syntax (the model cannot be given tools).
     pub fn detect(template: &str) -> Option<ToolFormat> {
-        if template.contains("<arg_key>") && template.contains("<tool_call>") {
+        if template.contains("｜DSML｜invoke") {
+            Some(ToolFormat::Dsml)
+        } else if template.contains("<arg_key>") && template.contains("<tool_call>") {
             Some(ToolFormat::Glm)
         } else if template.contains(DS_CALL_BEGIN) {
             // V3 writes the call's type ("function") before the separator, V3.1 the name.
@@ -152,6 +165,7 @@ impl ToolFormat {
             ToolFormat::Glm => "glm",
             ToolFormat::DeepSeekV3 => "deepseek_v3",
             ToolFormat::DeepSeekV31 => "deepseek_v31",
+            ToolFormat::Dsml => "dsml",
         }
     }
 
@@ -175,6 +189,14 @@ impl ToolFormat {
                 DS_CALL_END,
                 DS_SEP,
             ],
+            ToolFormat::Dsml => &[
+                DSML_CALLS_BEGIN,
+                DSML_CALLS_END,
+                DSML_INVOKE,
+                DSML_INVOKE_END,
+                DSML_PARAM,
+                DSML_PARAM_END,
+            ],
         }
     }
 }
@@ -183,6 +205,7 @@ impl ToolFormat {
 /// DeepSeek's concatenates a string, Qwen's takes either (a string keeps the exact text).
 pub(crate) fn arguments_as_mapping(template: &str) -> bool {
     template.contains("<arg_key>")
+        || template.contains("｜DSML｜invoke")
         || template.contains("arguments is mapping")
         || template.contains("arguments.items()")
 }

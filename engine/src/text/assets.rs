@@ -78,6 +78,12 @@ const SPECIAL_TOKEN_KEYS: [&str; 7] = [
 ];
 
 impl Text {
+    /// Whether `dir` holds a tokenizer this engine reads: tokenizer.json, or a tiktoken BPE
+    /// file (Kimi's `tiktoken.model`).
+    pub fn present(dir: &Path) -> bool {
+        dir.join("tokenizer.json").exists() || dir.join(super::tiktoken::FILE).exists()
+    }
+
     /// Loads tokenizer.json, and when present tokenizer_config.json, generation_config.json
     /// and chat_template.jinja / chat_template.json from `dir`; `config` is the parsed
     /// config.json (its eos/bos ids count too).

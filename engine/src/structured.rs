@@ -573,6 +573,7 @@ mod tests {
                     think: None,
                     tools: Some((format, tools.clone())),
                     id_prefix: "c".into(),
+                    ..Default::default()
                 });
                 let d = p.push(&out);
                 let (d2, s) = p.finish();

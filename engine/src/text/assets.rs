@@ -251,6 +251,7 @@ impl Text {
             think,
             tools,
             id_prefix: id_prefix.to_string(),
+            ..Default::default()
         }
     }
 

@@ -3,8 +3,13 @@
 //! is what the model was trained to generate, so parsing it must give the calls back.
 
 use super::*;
+use crate::text::tools::{
+    ToolCall, ToolFormat, ToolSpec, DS_CALLS_BEGIN, DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END,
+    DS_SEP,
+};
 use crate::text::{ChatMessage, ChatTemplate};
 use serde_json::json;
+use serde_json::Value;
 use std::collections::BTreeMap;
 
 fn template(file: &str) -> ChatTemplate {
@@ -155,6 +160,7 @@ fn tool_calls_rendered_by_each_template_parse_back() {
         let (prompt, text) = assistant_text(&t, &tools(), reply);
         assert!(!text.is_empty(), "{file}");
         let cfg = ReplyConfig {
+            think_tags: Default::default(),
             think: Some(crate::text::prompt_opens_think(&prompt)),
             tools: Some((format, tools())),
             id_prefix: "call_x".into(),
@@ -198,6 +204,7 @@ fn tool_calls_rendered_by_each_template_parse_back() {
         // arguments' exact text; GLM re-types values from the mapping).
         let (_, parsed) = {
             let cfg = ReplyConfig {
+                think_tags: Default::default(),
                 think: Some(false),
                 tools: Some((format, tools())),
                 id_prefix: "call_".into(),
@@ -229,6 +236,7 @@ fn glm_values_are_typed_by_the_schema() {
         "{text}"
     );
     let cfg = ReplyConfig {
+        think_tags: Default::default(),
         think: Some(false),
         tools: Some((ToolFormat::Glm, tools())),
         id_prefix: "c".into(),
@@ -262,6 +270,7 @@ fn a_call_cut_off_by_max_tokens_is_incomplete() {
         };
         let (prompt, text) = assistant_text(&t, &tools(), reply);
         let cfg = ReplyConfig {
+            think_tags: Default::default(),
             think: Some(crate::text::prompt_opens_think(&prompt)),
             tools: Some((format, tools())),
             id_prefix: "c".into(),
@@ -296,6 +305,7 @@ fn content_before_calls_and_plain_answers() {
     };
     let (_, text) = assistant_text(&t, &tools(), reply);
     let cfg = ReplyConfig {
+        think_tags: Default::default(),
         think: Some(false),
         tools: Some((ToolFormat::Qwen3, tools())),
         id_prefix: "c".into(),
@@ -346,6 +356,7 @@ fn reasoning_is_split_at_think_tags() {
         "<think>\n2 + 2.\nThat is 4.\n</think>\n\nThe answer is 4."
     );
     let cfg = ReplyConfig {
+        think_tags: Default::default(),
         think: Some(crate::text::prompt_opens_think(&prompt)),
         tools: None,
         id_prefix: String::new(),
@@ -366,6 +377,7 @@ fn reasoning_is_split_at_think_tags() {
         .unwrap();
     assert!(prompt.ends_with("<｜Assistant｜><think>"), "{prompt}");
     let cfg = ReplyConfig {
+        think_tags: Default::default(),
         think: Some(crate::text::prompt_opens_think(&prompt)),
         tools: Some((ToolFormat::DeepSeekV31, tools())),
         id_prefix: "c".into(),

@@ -157,7 +157,9 @@ pub fn keep_exact(name: &str) -> bool {
 /// The output head: `lm_head.weight`, an MTP layer's `shared_head.head.weight`, and the
 /// embedding table when `tied` (the model reads its logits through it).
 pub fn is_output_head(name: &str, tied: bool) -> bool {
+    // A multimodal wrapper's head lies under its language model (`language_model.lm_head`).
     name == "lm_head.weight"
+        || name.ends_with(".lm_head.weight")
         || name.ends_with(".shared_head.head.weight")
         || (tied && name.ends_with("embed_tokens.weight") && !name.contains(".layers."))
 }
@@ -790,6 +792,7 @@ mod tests {
     #[test]
     fn output_heads_are_named() {
         assert!(is_output_head("lm_head.weight", false));
+        assert!(is_output_head("language_model.lm_head.weight", false));
         assert!(is_output_head(
             "model.layers.61.shared_head.head.weight",
             false

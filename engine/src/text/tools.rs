@@ -117,7 +117,16 @@ pub enum ToolFormat {
     /// DeepSeek-V3.1: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}
     /// <｜tool▁call▁end｜><｜tool▁calls▁end｜>`.
     DeepSeekV31,
+    /// Kimi-K2 / K2.5: `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX
+    /// <|tool_call_argument_begin|>{...}<|tool_call_end|><|tool_calls_section_end|>`.
+    Kimi,
 }
+
+pub const KIMI_CALLS_BEGIN: &str = "<|tool_calls_section_begin|>";
+pub const KIMI_CALLS_END: &str = "<|tool_calls_section_end|>";
+pub const KIMI_CALL_BEGIN: &str = "<|tool_call_begin|>";
+pub const KIMI_CALL_END: &str = "<|tool_call_end|>";
+pub const KIMI_ARGS: &str = "<|tool_call_argument_begin|>";
 
 pub const DS_CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
 pub const DS_CALLS_END: &str = "<｜tool▁calls▁end｜>";
@@ -129,7 +138,9 @@ impl ToolFormat {
     /// The format a chat template writes assistant tool calls in; None when it has no tool
     /// call syntax (the model cannot be given tools).
     pub fn detect(template: &str) -> Option<ToolFormat> {
-        if template.contains("<arg_key>") && template.contains("<tool_call>") {
+        if template.contains(KIMI_CALL_BEGIN) && template.contains(KIMI_ARGS) {
+            Some(ToolFormat::Kimi)
+        } else if template.contains("<arg_key>") && template.contains("<tool_call>") {
             Some(ToolFormat::Glm)
         } else if template.contains(DS_CALL_BEGIN) {
             // V3 writes the call's type ("function") before the separator, V3.1 the name.
@@ -152,6 +163,7 @@ impl ToolFormat {
             ToolFormat::Glm => "glm",
             ToolFormat::DeepSeekV3 => "deepseek_v3",
             ToolFormat::DeepSeekV31 => "deepseek_v31",
+            ToolFormat::Kimi => "kimi",
         }
     }
 
@@ -174,6 +186,13 @@ impl ToolFormat {
                 DS_CALL_BEGIN,
                 DS_CALL_END,
                 DS_SEP,
+            ],
+            ToolFormat::Kimi => &[
+                KIMI_CALLS_BEGIN,
+                KIMI_CALLS_END,
+                KIMI_CALL_BEGIN,
+                KIMI_CALL_END,
+                KIMI_ARGS,
             ],
         }
     }

@@ -217,12 +217,12 @@ fn model_folder(dir: &Path) -> Vec<Check> {
             );
             let mut out = Vec::new();
             if m.text.is_none() {
-                detail.push_str("; no tokenizer.json");
+                detail.push_str("; no tokenizer (tokenizer.json or tiktoken.model)");
                 out.push(check(
                     "model",
                     Level::Warn,
                     detail,
-                    Some("text prompts and chat need tokenizer.json (download it with the checkpoint); token ids still work"),
+                    Some("text prompts and chat need its tokenizer, tokenizer.json or tiktoken.model (download it with the checkpoint); token ids still work"),
                 ));
             } else {
                 out.push(check("model", Level::Ok, detail, None));

@@ -56,7 +56,7 @@ pub fn prompt_ids(model: &Model, spec: &PromptSpec) -> anyhow::Result<Vec<u32>> 
     };
     let Some(t) = &model.text else {
         anyhow::bail!(
-            "{} has no tokenizer.json, so text prompts cannot be encoded; give --prompt-ids",
+            "{} has no tokenizer (tokenizer.json or tiktoken.model), so text prompts cannot be encoded; give --prompt-ids",
             model.info.dir.display()
         );
     };

@@ -169,7 +169,7 @@ fn run_local(a: &PerplexityArgs, source: Source) -> anyhow::Result<Perplexity> {
 fn text_of(model: &Model) -> anyhow::Result<&colibri_engine::text::Text> {
     model.text.as_ref().ok_or_else(|| {
         anyhow!(
-            "{} has no tokenizer.json, so --file cannot be tokenized; give --ids-file",
+            "{} has no tokenizer (tokenizer.json or tiktoken.model), so --file cannot be tokenized; give --ids-file",
             model.info.dir.display()
         )
     })

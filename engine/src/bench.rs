@@ -138,6 +138,7 @@ pub fn random_matrix(rows: usize, cols: usize, format: WeightFormat, seed: u64) 
                 ScaleType::F32 => s.extend_from_slice(&v.to_le_bytes()),
                 ScaleType::F16 => s.extend_from_slice(&half::f16::from_f32(v).to_le_bytes()),
                 ScaleType::E8M0 => s.push(118 + (i % 5) as u8),
+                ScaleType::BF16 => s.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
             }
         }
         Blob::Owned(Arc::new(s))

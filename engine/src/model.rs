@@ -41,7 +41,7 @@ pub struct ModelInfo {
 pub struct Model {
     pub info: ModelInfo,
     pub net: Network,
-    /// Tokenizer and chat template; `None` for a folder without tokenizer.json (ids only).
+    /// Tokenizer and chat template; `None` for a folder without a tokenizer (ids only).
     pub text: Option<Text>,
 }
 
@@ -77,7 +77,7 @@ impl Model {
             format!("{} tensors in {}", ckpt.len(), dir.display()),
         );
         let net = arch::build_with_progress(&ckpt, &hook)?;
-        let has_text = dir.join("tokenizer.json").exists();
+        let has_text = Text::present(dir);
         hook.finish(
             if has_text {
                 LoadStage::Text

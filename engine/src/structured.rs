@@ -9,7 +9,8 @@
 use crate::error::{Error, Result};
 use crate::text::tools::{
     DSML_CALLS_BEGIN, DSML_CALLS_END, DSML_INVOKE, DSML_INVOKE_END, DSML_PARAM, DSML_PARAM_END,
-    DS_CALLS_BEGIN, DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END, DS_SEP,
+    DS_CALLS_BEGIN, DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END, DS_SEP, KIMI_ARGS, KIMI_CALLS_BEGIN,
+    KIMI_CALLS_END, KIMI_CALL_BEGIN, KIMI_CALL_END,
 };
 use crate::text::{Text, ToolFormat, ToolSpec};
 use llguidance::api::TopLevelGrammar;
@@ -311,6 +312,30 @@ fn tool_grammar(
                 ));
             }
         }
+        ToolFormat::Kimi => {
+            // `functions.NAME:IDX` heads each call; its template puts nothing between calls.
+            let calls = if parallel { "call+" } else { "call" };
+            g.push_str(&format!(
+                "start: {} {calls} {}\n",
+                lit(text, KIMI_CALLS_BEGIN),
+                lit(text, KIMI_CALLS_END)
+            ));
+            let names: Vec<String> = (0..tools.len()).map(|i| format!("call{i}")).collect();
+            g.push_str(&format!(
+                "call: {} ({}) {}\n",
+                lit(text, KIMI_CALL_BEGIN),
+                names.join(" | "),
+                lit(text, KIMI_CALL_END)
+            ));
+            for (i, t) in tools.iter().enumerate() {
+                g.push_str(&format!(
+                    "call{i}: {} /[0-9]{{1,3}}/ {} args{i}\n",
+                    q(&format!("functions.{}:", t.name)),
+                    lit(text, KIMI_ARGS)
+                ));
+                g.push_str(&format!("args{i}: {}\n", args_json(t)));
+            }
+        }
     }
     Ok(g)
 }
@@ -489,7 +514,7 @@ mod tests {
             ..Default::default()
         });
         let mut ids = Vec::new();
-        for _ in 0..400 {
+        for _ in 0..2000 {
             let mut logits: Vec<f32> = (0..512).map(|_| (rng.next_f64() * 8.0) as f32).collect();
             c.apply(&mut logits).unwrap();
             let t = s.sample(&logits, &[]);
@@ -503,7 +528,7 @@ mod tests {
             }
         }
         assert!(
-            c.is_stopped() || ids.len() < 400,
+            c.is_stopped() || ids.len() < 2000,
             "never finished: {:?}",
             text.decode(&ids, false).unwrap()
         );
@@ -617,6 +642,7 @@ mod tests {
             ToolFormat::DeepSeekV3,
             ToolFormat::DeepSeekV31,
             ToolFormat::Dsml,
+            ToolFormat::Kimi,
         ] {
             for (seed, parallel) in [(1, false), (2, true), (3, true), (4, false)] {
                 let mut c = g

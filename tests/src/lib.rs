@@ -17,6 +17,7 @@ pub const FAMILIES: &[&str] = &[
     "glm4_moe",
     "glm_moe_dsa",
     "gpt_oss",
+    "kimi_k25",
 ];
 
 /// Largest |Δlogit| against transformers at any position.

@@ -13,7 +13,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 /// Families whose fixture the engine must reproduce exactly (transformers' greedy ids).
-const ORACLE_FAMILIES: &[&str] = &["olmoe", "qwen3_moe", "mixtral", "gpt_oss"];
+const ORACLE_FAMILIES: &[&str] = &["olmoe", "qwen3_moe", "mixtral", "gpt_oss", "kimi_k25"];
 /// Every fixture; those the engine cannot load yet are skipped (and say so).
 const ALL_FAMILIES: &[&str] = &[
     "olmoe",
@@ -23,6 +23,7 @@ const ALL_FAMILIES: &[&str] = &[
     "glm4_moe",
     "glm_moe_dsa",
     "gpt_oss",
+    "kimi_k25",
 ];
 
 struct Place {

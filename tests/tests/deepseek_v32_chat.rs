@@ -77,8 +77,14 @@ fn thinking(on: bool) -> Map<String, Value> {
 
 const CASES: [(&str, &str); 3] = [
     ("test_input.json", "test_output.txt"),
-    ("test_input_search_w_date.json", "test_output_search_w_date.txt"),
-    ("test_input_search_wo_date.json", "test_output_search_wo_date.txt"),
+    (
+        "test_input_search_w_date.json",
+        "test_output_search_w_date.txt",
+    ),
+    (
+        "test_input_search_wo_date.json",
+        "test_output_search_wo_date.txt",
+    ),
 ];
 
 #[test]
@@ -116,12 +122,16 @@ fn chat_mode_closes_the_think_block_and_drops_reasoning() {
         ChatMessage::new("system", "Be brief."),
         ChatMessage::new("user", "Hi"),
     ];
-    let chat = t.render_chat_with(&msgs, true, &[], &thinking(false)).unwrap();
+    let chat = t
+        .render_chat_with(&msgs, true, &[], &thinking(false))
+        .unwrap();
     assert_eq!(
         chat,
         "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi<｜Assistant｜></think>"
     );
-    let think = t.render_chat_with(&msgs, true, &[], &thinking(true)).unwrap();
+    let think = t
+        .render_chat_with(&msgs, true, &[], &thinking(true))
+        .unwrap();
     assert!(think.ends_with("<｜Assistant｜><think>"), "{think}");
     // The reply to a thinking prompt starts inside the think block.
     let cfg = t.reply_config(&think, &[], "c");
@@ -133,10 +143,7 @@ fn dsml_calls_parse_back_in_every_chunking() {
     let t = text();
     let (msgs, tools) = case("test_input.json");
     // The last assistant turn with tool calls, as the model generates it after the prompt.
-    let upto = msgs
-        .iter()
-        .rposition(|m| !m.tool_calls.is_empty())
-        .unwrap();
+    let upto = msgs.iter().rposition(|m| !m.tool_calls.is_empty()).unwrap();
     let prompt = t
         .render_chat_with(&msgs[..upto], true, &tools, &thinking(true))
         .unwrap();
@@ -159,7 +166,11 @@ fn dsml_calls_parse_back_in_every_chunking() {
         let (d, s) = p.finish();
         content += &d.content;
         reasoning += &d.reasoning;
-        assert_eq!(reasoning, want.reasoning_content.clone().unwrap(), "chunk {chunk}");
+        assert_eq!(
+            reasoning,
+            want.reasoning_content.clone().unwrap(),
+            "chunk {chunk}"
+        );
         assert_eq!(content, "", "chunk {chunk}");
         assert!(!s.incomplete_call);
         assert_eq!(s.tool_calls.len(), want.tool_calls.len());
@@ -175,5 +186,8 @@ fn dsml_calls_parse_back_in_every_chunking() {
     let mut p = ReplyParser::new(cfg);
     p.push("</think>\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"location\" string=\"true\">007</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">[1, 2]</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>");
     let (_, s) = p.finish();
-    assert_eq!(s.tool_calls[0].arguments, r#"{"location": "007", "days": [1, 2]}"#);
+    assert_eq!(
+        s.tool_calls[0].arguments,
+        r#"{"location": "007", "days": [1, 2]}"#
+    );
 }

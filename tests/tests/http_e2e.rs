@@ -874,3 +874,53 @@ async fn a_stream_cut_by_an_unload_ends_with_an_error_event() {
         }
     }
 }
+
+/// Kimi-K2.5 through the HTTP API: its greedy ids as transformers' (the tiktoken prompt ids),
+/// a chat rendered by its template and tokenized by its tiktoken file, both APIs; an image
+/// part is refused with 400 and a message naming it, on both APIs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kimi_k25_greedy_chat_and_image_refusal() {
+    let (s, _c) = serve(&[], &["kimi_k25"]).await;
+    let addr = s.addr;
+    let r = colibri_tests::Reference::load("kimi_k25");
+    let body = json!({"model": "kimi_k25", "prompt": r.prompt_ids, "max_tokens": r.greedy_ids.len(),
+                      "temperature": 0, "ignore_eos": true, "return_token_ids": true});
+    let resp = blocking(move || post_json(addr, "/v1/completions", &body)).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(
+        ids_of(&resp.json()["choices"][0]["token_ids"]),
+        r.greedy_ids
+    );
+
+    let body = json!({"model": "kimi_k25", "max_tokens": 6, "temperature": 0,
+                      "messages": [{"role": "user", "content": "你好 🙂 x=3.14"}]});
+    let resp = blocking(move || post_json(addr, "/v1/chat/completions", &body)).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    let v = resp.json();
+    // The prompt is the template's (system prompt, thinking opened) in tiktoken ids.
+    assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 20, "{v}");
+    let body = json!({"model": "kimi_k25", "max_tokens": 6,
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let resp = blocking(move || post_json(addr, "/v1/messages", &body)).await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+
+    let img = json!({"model": "kimi_k25", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]});
+    let resp = blocking(move || post_json(addr, "/v1/chat/completions", &img)).await;
+    assert_eq!(resp.status, 400, "{}", resp.text());
+    let e = resp.json();
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("image_url"),
+        "{e}"
+    );
+    let img = json!({"model": "kimi_k25", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+        {"type": "text", "text": "What is this?"}]}]});
+    let resp = blocking(move || post_json(addr, "/v1/messages", &img)).await;
+    assert_eq!(resp.status, 400, "{}", resp.text());
+    assert!(resp.text().contains("image"), "{}", resp.text());
+}

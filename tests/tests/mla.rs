@@ -7,7 +7,12 @@ use colibri_engine::arch::Attention;
 use colibri_engine::{LogitsWanted, Model, SeqStep};
 use colibri_tests::{fixture, max_abs_diff, Reference};
 
-const MLA_FAMILIES: &[&str] = &["deepseek_v3", "deepseek_v3_noqlora", "glm_moe_dsa"];
+const MLA_FAMILIES: &[&str] = &[
+    "deepseek_v3",
+    "deepseek_v3_noqlora",
+    "glm_moe_dsa",
+    "kimi_k25",
+];
 
 fn load_with(family: &str, path: MlaPath) -> Model {
     let mut model = Model::load(&fixture(family)).unwrap();

@@ -117,4 +117,5 @@ family_tests! {
     glm4_moe => "glm4_moe",
     glm_moe_dsa => "glm_moe_dsa",
     gpt_oss => "gpt_oss",
+    kimi_k25 => "kimi_k25",
 }

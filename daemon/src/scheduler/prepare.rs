@@ -24,7 +24,7 @@ impl EngineThread {
         let text = || {
             model.text.as_ref().ok_or_else(|| {
                 Status::failed_precondition(format!(
-                    "model {model_id} has no tokenizer.json: send token ids (prompt_ids) instead"
+                    "model {model_id} has no tokenizer (tokenizer.json or tiktoken.model): send token ids (prompt_ids) instead"
                 ))
             })
         };
@@ -285,7 +285,9 @@ impl EngineThread {
         if self.grammar.is_none() {
             let t = Instant::now();
             let r = match &self.model.text {
-                None => Err("the model has no tokenizer.json".to_string()),
+                None => {
+                    Err("the model has no tokenizer (tokenizer.json or tiktoken.model)".to_string())
+                }
                 Some(text) => {
                     GrammarCompiler::new(text, self.model.info.vocab_size, &self.model.info.eos_ids)
                         .map(Arc::new)

@@ -17,6 +17,7 @@ pub mod glm4_moe;
 pub mod glm_moe_dsa;
 pub mod glu;
 pub mod gpt_oss;
+pub mod kimi_k25;
 pub mod layer;
 pub mod load;
 pub mod mixtral;
@@ -53,6 +54,7 @@ const FAMILIES: &[(&str, Builder)] = &[
     ("glm4_moe", glm4_moe::build),
     ("glm_moe_dsa", glm_moe_dsa::build),
     ("gpt_oss", gpt_oss::build),
+    ("kimi_k25", kimi_k25::build),
 ];
 
 pub fn supported_model_types() -> Vec<String> {

@@ -5,6 +5,7 @@
 //! parsed by the pure functions [`parse_safetensors_header`] and [`parse_index`] (the fuzz
 //! targets call them directly); a bad file is a typed error naming the file and tensor.
 
+pub mod compressed;
 mod mapped;
 mod quantized;
 mod safetensors_file;
@@ -42,6 +43,9 @@ pub struct Checkpoint {
     pub is_container: bool,
     /// Whether it holds tensors in the colibri C layout (`name` U8/I8 + `name.qs`).
     pub c_layout: bool,
+    /// `(read as, published as)` name prefixes of a [`renamed`](Self::renamed) view, so a
+    /// missing tensor is reported under the name the files would hold.
+    renames: Vec<(String, String)>,
 }
 
 /// Where the weights of an opened folder are read from.
@@ -344,6 +348,7 @@ impl Checkpoint {
         }
         let is_container = container_files == Some(true);
         let c_layout = !is_container && quantized::attach_c_layout(&mut tensors, &may_repack)? > 0;
+        compressed::attach(&config, &config_path, &mut tensors)?;
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
             config_path,
@@ -352,7 +357,50 @@ impl Checkpoint {
             expert_extents,
             is_container,
             c_layout,
+            renames: Vec::new(),
         })
+    }
+
+    /// A view of this folder in which the tensors under each `published` prefix are read under
+    /// `read_as` instead (a multimodal wrapper's language model — `language_model.model.` —
+    /// read by its text family under `model.`); tensors under no listed prefix are left out.
+    /// The tensors themselves (names included, so their errors name the files' tensors) are
+    /// shared, not copied.
+    pub fn renamed(&self, map: &[(&str, &str)]) -> Checkpoint {
+        let tensors = self
+            .tensors
+            .iter()
+            .filter_map(|(name, t)| {
+                map.iter().find_map(|(read_as, published)| {
+                    let rest = name.strip_prefix(published)?;
+                    Some((format!("{read_as}{rest}"), t.clone()))
+                })
+            })
+            .collect();
+        Checkpoint {
+            dir: self.dir.clone(),
+            config_path: self.config_path.clone(),
+            config: self.config.clone(),
+            tensors,
+            expert_extents: self.expert_extents.clone(),
+            is_container: self.is_container,
+            c_layout: self.c_layout,
+            renames: map
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect(),
+        }
+    }
+
+    /// The name a tensor read as `name` has in the files.
+    pub fn published_name(&self, name: &str) -> String {
+        self.renames
+            .iter()
+            .find_map(|(read_as, published)| {
+                name.strip_prefix(read_as.as_str())
+                    .map(|rest| format!("{published}{rest}"))
+            })
+            .unwrap_or_else(|| name.to_string())
     }
 
     /// What kind of folder this is, in words.
@@ -374,7 +422,7 @@ impl Checkpoint {
     pub fn require(&self, name: &str, family: &str) -> Result<&TensorRef> {
         self.tensors.get(name).ok_or_else(|| Error::MissingTensor {
             dir: self.dir.clone(),
-            tensor: name.to_string(),
+            tensor: self.published_name(name),
             family: family.to_string(),
         })
     }

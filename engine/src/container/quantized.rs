@@ -62,6 +62,7 @@ impl TensorRecord {
             WeightFormat::I3G64 => ("int3", Some(64), Some(ScaleType::F32)),
             WeightFormat::I2Plain => ("int2-plain", Some(0), Some(ScaleType::F32)),
             WeightFormat::Mxfp4 => ("mxfp4", Some(32), Some(ScaleType::E8M0)),
+            WeightFormat::I4Ct { group, scale } => ("int4-ct", Some(group), Some(scale)),
         };
         TensorRecord {
             format: f.into(),
@@ -104,6 +105,14 @@ impl TensorRecord {
             "int4" => WeightFormat::I4 {
                 group: group()?,
                 scale: scale()?,
+            },
+            // compressed-tensors int4 kept as published (bf16 scales included).
+            "int4-ct" => WeightFormat::I4Ct {
+                group: group()?,
+                scale: match self.scale_dtype.as_deref() {
+                    Some("bf16") => ScaleType::BF16,
+                    _ => scale()?,
+                },
             },
             "int4-rows8" => {
                 let (group, scale) = (group()?, scale()?);

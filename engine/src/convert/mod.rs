@@ -157,7 +157,9 @@ pub fn keep_exact(name: &str) -> bool {
 /// The output head: `lm_head.weight`, an MTP layer's `shared_head.head.weight`, and the
 /// embedding table when `tied` (the model reads its logits through it).
 pub fn is_output_head(name: &str, tied: bool) -> bool {
+    // A multimodal wrapper's head lies under its language model (`language_model.lm_head`).
     name == "lm_head.weight"
+        || name.ends_with(".lm_head.weight")
         || name.ends_with(".shared_head.head.weight")
         || (tied && name.ends_with("embed_tokens.weight") && !name.contains(".layers."))
 }
@@ -219,12 +221,28 @@ pub fn plan(ckpt: &Checkpoint, opts: &ConvertOptions) -> Result<Vec<PlannedPart>
             }
             continue;
         }
-        if t.quant.is_some() || name.ends_with(crate::container::SCALES_SUFFIX) {
+        // compressed-tensors int4 (read as `X.weight` in place): its parts are not tensors of
+        // their own, and the weight converts from its values.
+        let ct = t.quant.as_ref().and_then(|q| {
+            q.format
+                .filter(|f| crate::format::ct_int4::is(*f))
+                .map(|_| q.shape.clone())
+        });
+        if ct.is_none() && is_compressed_part(name, ckpt) {
+            continue;
+        }
+        if (t.quant.is_some() && ct.is_none()) || name.ends_with(crate::container::SCALES_SUFFIX) {
             return Err(
                 t.bad("the input is already quantized; convert from the original Hub checkpoint")
             );
         }
-        let plain = plain_format(t.dtype).ok_or_else(|| {
+        let shape = ct.clone().unwrap_or_else(|| t.shape.clone());
+        let plain = if ct.is_some() {
+            Some(WeightFormat::BF16)
+        } else {
+            plain_format(t.dtype)
+        };
+        let plain = plain.ok_or_else(|| {
             t.bad(format!(
                 "dtype {} cannot be converted (bf16, f16, f32, F8_E4M3 can)",
                 t.dtype.name()
@@ -233,7 +251,7 @@ pub fn plan(ckpt: &Checkpoint, opts: &ConvertOptions) -> Result<Vec<PlannedPart>
         if t.dtype == DType::F8E4M3 && ckpt.get(&format!("{name}_scale_inv")).is_none() {
             return Err(t.bad("FP8 weight without its 'weight_scale_inv' block scales"));
         }
-        let matrix = t.shape.len() == 2 && name.ends_with(".weight");
+        let matrix = shape.len() == 2 && name.ends_with(".weight");
         let format = if matrix && is_routed_expert(name).is_some() {
             match opts.experts {
                 WeightFormat::I5 { .. }
@@ -256,7 +274,7 @@ pub fn plan(ckpt: &Checkpoint, opts: &ConvertOptions) -> Result<Vec<PlannedPart>
         } else {
             plain
         };
-        let format = match t.shape[..] {
+        let format = match shape[..] {
             [rows, cols] if matrix && opts.interleave => {
                 crate::rows8::for_shape(format, rows, cols)
             }
@@ -264,7 +282,7 @@ pub fn plan(ckpt: &Checkpoint, opts: &ConvertOptions) -> Result<Vec<PlannedPart>
         };
         let item = PlannedItem {
             name: name.to_string(),
-            shape: t.shape.clone(),
+            shape,
             format,
         };
         match (is_routed_expert(name), layer_of(name)) {
@@ -313,6 +331,19 @@ pub fn plan(ckpt: &Checkpoint, opts: &ConvertOptions) -> Result<Vec<PlannedPart>
         });
     }
     Ok(parts)
+}
+
+/// A tensor that is part of a compressed-tensors int4 weight (`X.weight_packed`,
+/// `X.weight_scale`, `X.weight_shape`, whose `X.weight` the checkpoint reads as one matrix).
+fn is_compressed_part(name: &str, ckpt: &Checkpoint) -> bool {
+    ["_packed", "_scale", "_shape"].iter().any(|s| {
+        name.strip_suffix(s).is_some_and(|w| {
+            ckpt.get(w)
+                .and_then(|t| t.quant.as_ref())
+                .and_then(|q| q.format)
+                .is_some_and(crate::format::ct_int4::is)
+        })
+    })
 }
 
 fn rows_cols(shape: &[usize]) -> (usize, usize) {
@@ -369,6 +400,19 @@ impl Source for TensorSource<'_> {
                     *o = crate::quant::fp8_e4m3_to_f32(b[r * c + j]) * srow[j / FP8_BLOCK];
                 }
             }
+            // compressed-tensors int4: the values transformers computes with.
+            DType::I32 if self.t.quant.is_some() => {
+                let q = self.t.quant.as_ref().expect("checked");
+                let f = q.format.expect("compressed-tensors records its format");
+                let s = q.scales.as_ref().map_or(&[][..], |s| s.bytes());
+                let (wb, sb) = (f.row_bytes(c), f.scale_row_bytes(c));
+                crate::kernels::decode_row(
+                    f,
+                    &b[r * wb..(r + 1) * wb],
+                    &s[r * sb..(r + 1) * sb],
+                    out,
+                );
+            }
             _ => out.iter_mut().for_each(|o| *o = 0.0),
         }
     }
@@ -383,7 +427,11 @@ fn source_for<'a>(ckpt: &'a Checkpoint, it: &PlannedItem) -> Result<TensorSource
         tensor: it.name.clone(),
         family: "convert".into(),
     })?;
-    let (rows, cols) = rows_cols(&t.shape);
+    let shape = t
+        .quant
+        .as_ref()
+        .map_or_else(|| t.shape.clone(), |q| q.shape.clone());
+    let (rows, cols) = rows_cols(&shape);
     let scale_inv = if t.dtype == DType::F8E4M3 {
         let s = ckpt
             .get(&format!("{}_scale_inv", it.name))
@@ -687,12 +735,20 @@ pub fn convert(opts: &ConvertOptions, progress: &dyn Progress) -> Result<Convert
         let name = f.file_name().expect("a file");
         let mut bytes = std::fs::read(&f).map_err(|e| Error::io(&f, e))?;
         if name == "config.json" {
-            // The FP8 source's quantization_config no longer describes the weights.
+            // The source's quantization_config (FP8, compressed-tensors int4; a multimodal
+            // wrapper keeps it in its text config) no longer describes the weights.
             if let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+                let mut removed = false;
                 if let Some(o) = v.as_object_mut() {
-                    if o.remove("quantization_config").is_some() {
-                        bytes = serde_json::to_vec_pretty(&v).expect("json");
+                    removed |= o.remove("quantization_config").is_some();
+                    for k in ["text_config", "language_config", "llm_config"] {
+                        if let Some(t) = o.get_mut(k).and_then(|t| t.as_object_mut()) {
+                            removed |= t.remove("quantization_config").is_some();
+                        }
                     }
+                }
+                if removed {
+                    bytes = serde_json::to_vec_pretty(&v).expect("json");
                 }
             }
         }
@@ -737,6 +793,7 @@ mod tests {
     #[test]
     fn output_heads_are_named() {
         assert!(is_output_head("lm_head.weight", false));
+        assert!(is_output_head("language_model.lm_head.weight", false));
         assert!(is_output_head(
             "model.layers.61.shared_head.head.weight",
             false

@@ -2,6 +2,7 @@
 //! kernels and the quantizers (and the containers above them) read and write. It imports
 //! nothing of the crate: every other module may import it.
 
+pub mod ct_int4;
 pub mod int5;
 pub mod lowbit;
 pub mod mxfp4;

@@ -17,6 +17,9 @@ pub enum ScaleType {
     F16,
     /// One byte, a power of two `2^(e - 127)` (OCP microscaling E8M0: MXFP4's scales).
     E8M0,
+    /// bfloat16: the scales of compressed-tensors checkpoints as published
+    /// ([`WeightFormat::I4Ct`]).
+    BF16,
 }
 
 impl ScaleType {
@@ -25,6 +28,7 @@ impl ScaleType {
             ScaleType::F32 => 4,
             ScaleType::F16 => 2,
             ScaleType::E8M0 => 1,
+            ScaleType::BF16 => 2,
         }
     }
     pub fn name(self) -> &'static str {
@@ -32,6 +36,7 @@ impl ScaleType {
             ScaleType::F32 => "f32",
             ScaleType::F16 => "f16",
             ScaleType::E8M0 => "e8m0",
+            ScaleType::BF16 => "bf16",
         }
     }
 }
@@ -96,6 +101,17 @@ pub enum WeightFormat {
     /// elements 16 bytes of FP4 e2m1 codes (element `2k` in the low nibble of byte `k`) and
     /// one E8M0 scale byte (`format::mxfp4`); a row's last block may be partial.
     Mxfp4,
+    /// int4 as compressed-tensors' `pack-quantized` format stores it (Kimi-K2-Thinking,
+    /// Kimi-K2.5's experts, llm-compressor's W4A16): `weight_packed` holds eight codes `q + 8`
+    /// per little-endian int32, element `8w + i` in bits `4i` of word `w` — byte for byte
+    /// [`I4`](Self::I4)'s nibbles; one scale (`weight_scale`, as published: bf16) per `group`
+    /// elements of a row. What differs is the value: compressed-tensors dequantizes in the
+    /// scale's dtype, so an element is `q × scale` rounded to that dtype (bf16: to 8
+    /// significant bits), the value transformers computes with (`format::ct_int4`).
+    I4Ct {
+        group: u32,
+        scale: ScaleType,
+    },
 }
 
 impl WeightFormat {
@@ -105,7 +121,9 @@ impl WeightFormat {
             WeightFormat::F32 => cols * 4,
             WeightFormat::BF16 | WeightFormat::F16 => cols * 2,
             WeightFormat::I8Row | WeightFormat::I8 { .. } => cols,
-            WeightFormat::I4 { .. } | WeightFormat::I4Rows8 { .. } => cols.div_ceil(2),
+            WeightFormat::I4 { .. } | WeightFormat::I4Rows8 { .. } | WeightFormat::I4Ct { .. } => {
+                cols.div_ceil(2)
+            }
             WeightFormat::I5 { .. } => cols.div_ceil(2) + cols.div_ceil(8),
             WeightFormat::I2 { .. } | WeightFormat::I2Plain => cols.div_ceil(4),
             WeightFormat::I3G64 => cols.div_ceil(64) * 24,
@@ -124,6 +142,7 @@ impl WeightFormat {
             | WeightFormat::I4 { group, .. }
             | WeightFormat::I4Rows8 { group, .. }
             | WeightFormat::I5 { group, .. }
+            | WeightFormat::I4Ct { group, .. }
             | WeightFormat::I2 { group, .. } => Some(if group == 0 {
                 cols.max(1)
             } else {
@@ -148,6 +167,7 @@ impl WeightFormat {
             | WeightFormat::I4 { scale, .. }
             | WeightFormat::I4Rows8 { scale, .. }
             | WeightFormat::I5 { scale, .. }
+            | WeightFormat::I4Ct { scale, .. }
             | WeightFormat::I2 { scale, .. } => Some(scale),
         }
     }
@@ -196,6 +216,8 @@ impl WeightFormat {
             WeightFormat::I3G64 => "int3-g64".into(),
             WeightFormat::I2Plain => "int2-plain".into(),
             WeightFormat::Mxfp4 => "mxfp4".into(),
+            WeightFormat::I4Ct { group: 0, .. } => "int4-ct-row".into(),
+            WeightFormat::I4Ct { group, .. } => format!("int4-ct-g{group}"),
         }
     }
 }

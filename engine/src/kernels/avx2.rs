@@ -209,6 +209,9 @@ unsafe fn scale(st: ScaleType, s: *const u8, g: usize) -> f32 {
             _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
         }
         ScaleType::E8M0 => crate::format::mxfp4::scale(*s.add(g)),
+        ScaleType::BF16 => {
+            f32::from_bits((std::ptr::read_unaligned(s.add(2 * g) as *const u16) as u32) << 16)
+        }
     }
 }
 
@@ -616,7 +619,8 @@ pub unsafe fn matmul_rows(
             WeightFormat::I3G64
             | WeightFormat::I2Plain
             | WeightFormat::I5 { .. }
-            | WeightFormat::Mxfp4,
+            | WeightFormat::Mxfp4
+            | WeightFormat::I4Ct { .. },
             _,
         ) => {
             unreachable!("formats without tiles take the per-row path (matmul.rs)")

@@ -23,6 +23,7 @@ unsafe fn scale(st: ScaleType, s: &[u8], g: usize) -> f32 {
             _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
         }
         ScaleType::E8M0 => crate::format::mxfp4::scale(s[g]),
+        ScaleType::BF16 => scalar::bf16_to_f32(s[2 * g], s[2 * g + 1]),
     }
 }
 
@@ -51,6 +52,7 @@ pub unsafe fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) 
         WeightFormat::I3G64
         | WeightFormat::I2Plain
         | WeightFormat::I5 { .. }
+        | WeightFormat::I4Ct { .. }
         | WeightFormat::Mxfp4 => scalar::dot(format, w, scales, &act.x),
         WeightFormat::I4Rows8 { .. } => {
             unreachable!("int4-rows8 rows are taken out as int4 first (rows8::gather_row)")
@@ -353,7 +355,7 @@ unsafe fn dot_i8g_q8(
 #[inline(always)]
 unsafe fn scales_f32(st: ScaleType, s: &[u8], first: usize, out: &mut [f32]) {
     match st {
-        ScaleType::F32 | ScaleType::E8M0 => {
+        ScaleType::F32 | ScaleType::E8M0 | ScaleType::BF16 => {
             for (k, o) in out.iter_mut().enumerate() {
                 *o = scale(st, s, first + k);
             }

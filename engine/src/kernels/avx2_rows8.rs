@@ -166,7 +166,9 @@ unsafe fn transpose_scales<const G32: bool>(
                     _mm256_cvtph_ps(_mm_loadu_si128(g.s[i].add(2 * u) as *const __m128i))
                 }
                 ScaleType::F32 => _mm256_loadu_ps(g.s[i].add(4 * u) as *const f32),
-                ScaleType::E8M0 => unreachable!("int4-rows8 has f16 or f32 scales"),
+                ScaleType::E8M0 | ScaleType::BF16 => {
+                    unreachable!("int4-rows8 has f16 or f32 scales")
+                }
             })
         });
         let t = transpose8(r);
@@ -182,7 +184,9 @@ unsafe fn transpose_scales<const G32: bool>(
                     (g.s[i].add(2 * u) as *const u16).read_unaligned() as i32,
                 ))),
                 ScaleType::F32 => (g.s[i].add(4 * u) as *const f32).read_unaligned(),
-                ScaleType::E8M0 => unreachable!("int4-rows8 has f16 or f32 scales"),
+                ScaleType::E8M0 | ScaleType::BF16 => {
+                    unreachable!("int4-rows8 has f16 or f32 scales")
+                }
             };
             *sv.add((u - u0) * 8 + i) = v;
         }

@@ -20,6 +20,9 @@ pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 
     if matches!(format, WeightFormat::I5 { .. }) {
         return int5::dot_act(format, w, scales, act);
     }
+    if crate::format::ct_int4::is(format) {
+        return super::ct_int4::dot_act(format, w, scales, act);
+    }
     if format == WeightFormat::Mxfp4 {
         return super::mxfp4::dot_act(format, w, scales, act);
     }

@@ -154,6 +154,11 @@ unsafe fn run_rows(
             {
                 return;
             }
+            if matches!(w.format, WeightFormat::I4Ct { .. })
+                && super::ct_int4::matmul_rows(w, &acts, rows.clone(), out, ld)
+            {
+                return;
+            }
             for r in rows {
                 let (row, srow) = (w.row(r), w.srow(r));
                 for (t, a) in acts.iter().enumerate() {

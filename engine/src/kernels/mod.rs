@@ -15,6 +15,7 @@
 //! the tile shape, so a token's result does not depend on how many tokens were batched with
 //! it (decode is the `T = 1` case of the same kernel).
 
+pub mod ct_int4;
 pub mod int5;
 pub mod lowbit;
 pub mod mxfp4;

@@ -83,6 +83,9 @@ pub fn int4_rows8() -> bool {
 /// (measured on the gpt_oss fixture: max |Δlogit| 0.011 against transformers).
 pub fn int8_act_for(format: WeightFormat) -> bool {
     let format = format.row_major();
+    if !q8_supported(format, QBLOCK) {
+        return false;
+    }
     match int8_act_mode() {
         Int8Act::Off => false,
         Int8Act::All => format.is_quantized(),
@@ -100,8 +103,11 @@ pub fn int8_act_for(format: WeightFormat) -> bool {
 
 /// Whether int8 activations can be used with `format` on rows of `cols`: quantized weights
 /// whose scale groups are whole 32-element blocks (or one group per row).
+/// compressed-tensors int4 takes f32 activations only: its values are rounded per element,
+/// which no integer block sum expresses.
 pub fn q8_supported(format: WeightFormat, cols: usize) -> bool {
     format.is_quantized()
+        && !matches!(format, WeightFormat::I4Ct { .. })
         && format
             .group_len(cols)
             .is_some_and(|g| g % QBLOCK == 0 || g >= cols)
@@ -113,7 +119,11 @@ pub fn q8_supported(format: WeightFormat, cols: usize) -> bool {
 pub(super) fn tiled(format: WeightFormat, cols: usize) -> bool {
     !matches!(
         format,
-        WeightFormat::I3G64 | WeightFormat::I2Plain | WeightFormat::I5 { .. } | WeightFormat::Mxfp4
+        WeightFormat::I3G64
+            | WeightFormat::I2Plain
+            | WeightFormat::I5 { .. }
+            | WeightFormat::Mxfp4
+            | WeightFormat::I4Ct { .. }
     ) && format
         .group_len(cols)
         .is_none_or(|g| g.is_multiple_of(QBLOCK) || g >= cols)

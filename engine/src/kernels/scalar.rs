@@ -37,6 +37,7 @@ pub fn scale_at(st: ScaleType, s: &[u8], g: usize) -> f32 {
         ScaleType::F32 => f32::from_le_bytes([s[4 * g], s[4 * g + 1], s[4 * g + 2], s[4 * g + 3]]),
         ScaleType::F16 => half::f16::from_le_bytes([s[2 * g], s[2 * g + 1]]).to_f32(),
         ScaleType::E8M0 => crate::format::mxfp4::scale(s[g]),
+        ScaleType::BF16 => bf16_to_f32(s[2 * g], s[2 * g + 1]),
     }
 }
 
@@ -83,12 +84,35 @@ pub fn elem(format: WeightFormat, w: &[u8], j: usize, cols: usize) -> f32 {
         WeightFormat::I4Rows8 { .. } => {
             unreachable!("int4-rows8 rows are taken out as int4 first (rows8::gather_row)")
         }
+        WeightFormat::I4Ct { .. } => {
+            unreachable!("compressed-tensors int4 values need their scale (format::ct_int4)")
+        }
     }
 }
+
+/// Element `j` of a compressed-tensors int4 row ([`WeightFormat::I4Ct`]): the code times its
+/// group's scale, rounded to the scale's dtype.
+#[inline(always)]
+pub fn ct_elem(format: WeightFormat, w: &[u8], scales: &[u8], j: usize, cols: usize) -> f32 {
+    let g = format.group_len(cols).unwrap_or(cols);
+    let st = format.scale_type().unwrap_or(ScaleType::F32);
+    crate::format::ct_int4::value(i4_code(w, j), scale_at(st, scales, j / g), st)
+}
+
+/// Lanes of the compressed-tensors int4 dot product with f32 activations: element `j` is
+/// accumulated in lane `j % CT_LANES` (one fused multiply-add each, in order), the lanes then
+/// summed first to last. The AVX2 path keeps four vectors of 8 (`kernels::ct_int4`).
+pub const CT_LANES: usize = 32;
 
 /// Decodes one row (dequantized) into `out` (length = cols).
 pub fn decode_row(format: WeightFormat, w: &[u8], scales: &[u8], out: &mut [f32]) {
     let cols = out.len();
+    if crate::format::ct_int4::is(format) {
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = ct_elem(format, w, scales, j, cols);
+        }
+        return;
+    }
     match (format.group_len(cols), format.scale_type()) {
         (Some(g), Some(st)) => {
             for (gi, chunk) in out.chunks_mut(g).enumerate() {
@@ -111,6 +135,14 @@ pub fn decode_row(format: WeightFormat, w: &[u8], scales: &[u8], out: &mut [f32]
 pub fn dot(format: WeightFormat, w: &[u8], scales: &[u8], x: &[f32]) -> f32 {
     let cols = x.len();
     match format {
+        WeightFormat::I4Ct { .. } => {
+            let mut acc = [0f32; CT_LANES];
+            for (j, xv) in x.iter().enumerate() {
+                acc[j % CT_LANES] =
+                    ct_elem(format, w, scales, j, cols).mul_add(*xv, acc[j % CT_LANES]);
+            }
+            acc.iter().sum()
+        }
         WeightFormat::F32 => match bytemuck::try_cast_slice::<u8, f32>(w) {
             Ok(wf) => dot_f32(wf, x),
             Err(_) => (0..cols).map(|j| elem(format, w, j, cols) * x[j]).sum(),

@@ -24,6 +24,7 @@ fn stored_scale(st: ScaleType, s: f32) -> f32 {
         ScaleType::F32 => s,
         ScaleType::F16 => half::f16::from_f32(s).to_f32(),
         ScaleType::E8M0 => crate::format::mxfp4::scale(e8m0_of(s)),
+        ScaleType::BF16 => half::bf16::from_f32(s).to_f32(),
     }
 }
 
@@ -32,6 +33,7 @@ fn push_scale(st: ScaleType, s: f32, out: &mut Vec<u8>) {
         ScaleType::F32 => out.extend_from_slice(&s.to_le_bytes()),
         ScaleType::F16 => out.extend_from_slice(&half::f16::from_f32(s).to_le_bytes()),
         ScaleType::E8M0 => out.push(e8m0_of(s)),
+        ScaleType::BF16 => out.extend_from_slice(&half::bf16::from_f32(s).to_le_bytes()),
     }
 }
 
@@ -232,6 +234,26 @@ pub fn quantize_row(format: WeightFormat, row: &[f32], data: &mut Vec<u8>, scale
         WeightFormat::I3G64 => lowbit::quantize_row_i3(row, data, scales),
         WeightFormat::I2Plain => lowbit::quantize_row_i2_plain(row, data, scales),
         WeightFormat::Mxfp4 => crate::format::mxfp4::quantize_row(row, data, scales),
+        WeightFormat::I4Ct { scale, .. } => {
+            // compressed-tensors' symmetric min-max observer: scale amax / 7.5, codes rounded
+            // against the stored scale and clamped to -8..7.
+            let g = format.group_len(cols).unwrap_or(cols);
+            let mut codes = vec![0u8; cols];
+            for (gi, chunk) in row.chunks(g.max(1)).enumerate() {
+                let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let s = if amax.is_finite() {
+                    stored_scale(scale, amax / 7.5)
+                } else {
+                    0.0
+                };
+                let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
+                for (k, v) in chunk.iter().enumerate() {
+                    codes[gi * g + k] = ((v * inv).round().clamp(-8.0, 7.0) as i32 + 8) as u8;
+                }
+                push_scale(scale, s, scales);
+            }
+            pack_i4(&codes, data)
+        }
         WeightFormat::I4Rows8 { .. } => {
             panic!("int4-rows8 interleaves whole matrices: quantize with quant::quantize")
         }

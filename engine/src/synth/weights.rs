@@ -96,6 +96,7 @@ impl Source for RandomSource {
                 ScaleType::F16 => scales.extend_from_slice(&half::f16::from_f32(v).to_le_bytes()),
                 // The nearest power of two.
                 ScaleType::E8M0 => scales.push((v.log2().round() as i32 + 127).clamp(1, 254) as u8),
+                ScaleType::BF16 => scales.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
             }
         }
         Some(Packed { data, scales })

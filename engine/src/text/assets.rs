@@ -1,5 +1,5 @@
 //! [`Text`]: a model folder's text assets as loaded: the tokenizer (tokenizer.json via the
-//! `tokenizers` crate), the chat template, end/begin-of-sequence ids gathered from every file
+//! `tokenizers` crate, or a tiktoken BPE file read into one: `tiktoken.rs`), the chat template, end/begin-of-sequence ids gathered from every file
 //! that declares them ([`id_list`]), and generation_config defaults.
 
 use super::reply::{self, ReplyConfig};
@@ -78,13 +78,27 @@ const SPECIAL_TOKEN_KEYS: [&str; 7] = [
 ];
 
 impl Text {
+    /// Whether `dir` holds a tokenizer this engine reads: tokenizer.json, or a tiktoken BPE
+    /// file (Kimi's `tiktoken.model`).
+    pub fn present(dir: &Path) -> bool {
+        dir.join("tokenizer.json").exists() || dir.join(super::tiktoken::FILE).exists()
+    }
+
     /// Loads tokenizer.json, and when present tokenizer_config.json, generation_config.json
     /// and chat_template.jinja / chat_template.json from `dir`; `config` is the parsed
     /// config.json (its eos/bos ids count too).
     pub fn load(dir: &Path, config: &Value) -> Result<Text> {
-        let tokenizer_path = dir.join("tokenizer.json");
-        let mut tokenizer = tokenizers::Tokenizer::from_file(&tokenizer_path)
-            .map_err(|e| Error::Tokenizer(format!("{}: {e}", tokenizer_path.display())))?;
+        let tok_cfg = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
+        let json_path = dir.join("tokenizer.json");
+        let tiktoken_path = dir.join(super::tiktoken::FILE);
+        // A tokenizer.json wins; Kimi ships only its tiktoken BPE file.
+        let (mut tokenizer, tokenizer_path) = if !json_path.exists() && tiktoken_path.exists() {
+            (super::tiktoken::load(dir, &tok_cfg)?, tiktoken_path)
+        } else {
+            let t = tokenizers::Tokenizer::from_file(&json_path)
+                .map_err(|e| Error::Tokenizer(format!("{}: {e}", json_path.display())))?;
+            (t, json_path)
+        };
         // A tokenizer.json may ask for truncation or padding (saved from a training setup):
         // prompts are never silently cut, and ids are never padded.
         tokenizer
@@ -92,7 +106,6 @@ impl Text {
             .map_err(|e| Error::Tokenizer(format!("{}: {e}", tokenizer_path.display())))?;
         tokenizer.with_padding(None);
         let bound = TokenBound::of(&tokenizer);
-        let tok_cfg = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
         let gen_cfg = read_json(&dir.join("generation_config.json"))?.unwrap_or(Value::Null);
 
         let special_tokens: BTreeMap<String, String> = SPECIAL_TOKEN_KEYS
@@ -162,6 +175,9 @@ impl Text {
     /// llguidance's token trie expects). Read from tokenizer.json on first use.
     pub fn token_bytes(&self) -> Result<&[Vec<u8>]> {
         let r = self.token_bytes.get_or_init(|| {
+            if self.tokenizer_path.ends_with(super::tiktoken::FILE) {
+                return Ok(super::tiktoken::token_bytes(&self.tokenizer));
+            }
             let bytes = std::fs::read(&self.tokenizer_path).map_err(|e| e.to_string())?;
             let json: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
             // llguidance asserts on malformed byte-fallback names; a hostile file must not

@@ -1,4 +1,5 @@
-//! Text assets of a model folder: the tokenizer (tokenizer.json via the `tokenizers` crate),
+//! Text assets of a model folder: the tokenizer (tokenizer.json via the `tokenizers` crate, or
+//! a tiktoken BPE file read into one, [`tiktoken`]),
 //! the chat template (rendered with minijinja as transformers does), end/begin-of-sequence
 //! ids gathered from every file that declares them, generation_config defaults, and the
 //! streaming helpers: [`IncrementalDecoder`] and [`StopMatcher`]; tool calling and the
@@ -10,6 +11,7 @@ mod detok;
 pub mod reply;
 mod stop;
 mod template;
+pub mod tiktoken;
 mod token_bound;
 pub mod tools;
 

@@ -121,6 +121,9 @@ pub enum ToolFormat {
     /// <｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>\n…
     /// </｜DSML｜invoke>\n</｜DSML｜function_calls>`, string values bare, others JSON.
     Dsml,
+    /// Kimi-K2 / K2.5: `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX
+    /// <|tool_call_argument_begin|>{...}<|tool_call_end|><|tool_calls_section_end|>`.
+    Kimi,
 }
 
 pub const DSML_CALLS_BEGIN: &str = "<｜DSML｜function_calls>";
@@ -129,6 +132,12 @@ pub const DSML_INVOKE: &str = "<｜DSML｜invoke";
 pub const DSML_INVOKE_END: &str = "</｜DSML｜invoke>";
 pub const DSML_PARAM: &str = "<｜DSML｜parameter";
 pub const DSML_PARAM_END: &str = "</｜DSML｜parameter>";
+
+pub const KIMI_CALLS_BEGIN: &str = "<|tool_calls_section_begin|>";
+pub const KIMI_CALLS_END: &str = "<|tool_calls_section_end|>";
+pub const KIMI_CALL_BEGIN: &str = "<|tool_call_begin|>";
+pub const KIMI_CALL_END: &str = "<|tool_call_end|>";
+pub const KIMI_ARGS: &str = "<|tool_call_argument_begin|>";
 
 pub const DS_CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
 pub const DS_CALLS_END: &str = "<｜tool▁calls▁end｜>";
@@ -142,6 +151,8 @@ impl ToolFormat {
     pub fn detect(template: &str) -> Option<ToolFormat> {
         if template.contains("｜DSML｜invoke") {
             Some(ToolFormat::Dsml)
+        } else if template.contains(KIMI_CALL_BEGIN) && template.contains(KIMI_ARGS) {
+            Some(ToolFormat::Kimi)
         } else if template.contains("<arg_key>") && template.contains("<tool_call>") {
             Some(ToolFormat::Glm)
         } else if template.contains(DS_CALL_BEGIN) {
@@ -166,6 +177,7 @@ impl ToolFormat {
             ToolFormat::DeepSeekV3 => "deepseek_v3",
             ToolFormat::DeepSeekV31 => "deepseek_v31",
             ToolFormat::Dsml => "dsml",
+            ToolFormat::Kimi => "kimi",
         }
     }
 
@@ -196,6 +208,13 @@ impl ToolFormat {
                 DSML_INVOKE_END,
                 DSML_PARAM,
                 DSML_PARAM_END,
+            ],
+            ToolFormat::Kimi => &[
+                KIMI_CALLS_BEGIN,
+                KIMI_CALLS_END,
+                KIMI_CALL_BEGIN,
+                KIMI_CALL_END,
+                KIMI_ARGS,
             ],
         }
     }

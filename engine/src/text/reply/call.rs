@@ -40,6 +40,9 @@ pub(crate) struct CallText {
     pub args: String,
     /// The arguments are complete.
     pub args_done: bool,
+    /// The call's id as the model wrote it, for syntaxes that write one (Kimi's
+    /// `functions.NAME:IDX`); else the parser's own.
+    pub id: Option<String>,
 }
 
 impl CallText {
@@ -100,6 +103,9 @@ impl Call {
         let Some(name) = &self.text.name else { return };
         if !self.name_sent {
             self.name_sent = true;
+            if let Some(id) = &self.text.id {
+                self.id = id.clone();
+            }
             out.tool_calls.push(ToolCallDelta {
                 index: self.index,
                 id: self.id.clone(),

@@ -10,7 +10,8 @@
 //! calls, and the markers between them; `call.rs` one call being read. Each tool-call syntax
 //! is a file of its own that says where its calls start and end (`CallMarkup`) and reads a
 //! call's body (`CallBody`): `qwen.rs` (Qwen3 / Hermes JSON), `glm.rs` (GLM's
-//! arg_key/arg_value pairs), `deepseek.rs` (DeepSeek-V3 / V3.1). A new syntax is a
+//! arg_key/arg_value pairs), `deepseek.rs` (DeepSeek-V3 / V3.1), `kimi.rs` (Kimi-K2 / K2.5's
+//! section tokens, the call id `functions.NAME:IDX`). A new syntax is a
 //! `ToolFormat` variant (detection and markers in `tools.rs`), a file here, and one arm in
 //! `parser.rs`'s `markup` and `body`.
 
@@ -20,6 +21,7 @@ mod delta;
 mod dsml;
 mod glm;
 mod json_value;
+mod kimi;
 mod parser;
 mod qwen;
 

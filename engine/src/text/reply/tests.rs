@@ -433,3 +433,65 @@ fn templates_render_tools_and_tool_results() {
         "{g}"
     );
 }
+
+/// Kimi-K2.5's template (tests/fixtures/kimi_k25): a thinking turn with two calls parses back
+/// into its reasoning, content and calls — ids as the model writes them (`functions.NAME:IDX`,
+/// which the template renders back) — fed in pieces of every size.
+#[test]
+fn kimi_reasoning_content_and_calls_parse_back_in_every_chunk_size() {
+    let src = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/kimi_k25/chat_template.jinja"),
+    )
+    .unwrap();
+    let t = ChatTemplate::new(src, "kimi".into(), BTreeMap::new()).unwrap();
+    assert_eq!(ToolFormat::detect(t.source()), Some(ToolFormat::Kimi));
+    let mut want = calls();
+    want[0].id = "functions.get_weather:0".into();
+    want[1].id = "functions.search:1".into();
+    let reply = ChatMessage {
+        role: "assistant".into(),
+        content: "Checking both.".into(),
+        reasoning_content: Some("The user wants <weather>; search too.".into()),
+        tool_calls: want.clone(),
+        ..Default::default()
+    };
+    let (prompt, text) = assistant_text(&t, &tools(), reply);
+    assert!(prompt.ends_with("<think>"), "{prompt}");
+    assert!(
+        text.contains(crate::text::tools::KIMI_CALLS_BEGIN),
+        "{text}"
+    );
+    let cfg = ReplyConfig {
+        think_tags: Default::default(),
+        think: Some(crate::text::prompt_opens_think(&prompt)),
+        tools: Some((ToolFormat::Kimi, tools())),
+        id_prefix: "call_".into(),
+    };
+    for chunk in 1..=text.chars().count() {
+        let (all, summary, seen) = parse(&cfg, &text, chunk);
+        assert_eq!(
+            all.reasoning, "The user wants <weather>; search too.",
+            "chunk {chunk}"
+        );
+        assert_eq!(all.content, "Checking both.", "chunk {chunk}");
+        assert!(!summary.incomplete_call);
+        assert_eq!(summary.tool_calls.len(), 2, "chunk {chunk}: {text:?}");
+        for (i, (got, w)) in summary.tool_calls.iter().zip(&want).enumerate() {
+            assert_eq!((&got.id, &got.name), (&w.id, &w.name), "chunk {chunk}");
+            same_json(&got.arguments, &w.arguments);
+            let first = seen
+                .iter()
+                .flat_map(|d| &d.tool_calls)
+                .find(|d| d.index == i)
+                .unwrap();
+            assert_eq!((&first.id, &first.name), (&w.id, &w.name));
+        }
+    }
+    // A call cut off inside its arguments is reported incomplete, not as a call.
+    let cut = &text[..text.find("\"days\"").unwrap()];
+    let (_, summary, _) = parse(&cfg, cut, 4);
+    assert!(summary.incomplete_call && summary.tool_calls.is_empty());
+    assert_eq!(super::kimi::name_of(" functions.a.b:12 "), "a.b");
+    assert_eq!(super::kimi::name_of("plain"), "plain");
+}

@@ -660,7 +660,10 @@ impl LocalChat {
     fn new(dir: &Path, args: &ChatArgs) -> anyhow::Result<LocalChat> {
         let (model, _) = local::load_model(dir)?;
         if model.text.is_none() {
-            bail!("{} has no tokenizer (tokenizer.json or tiktoken.model); chat needs one", dir.display());
+            bail!(
+                "{} has no tokenizer (tokenizer.json or tiktoken.model); chat needs one",
+                dir.display()
+            );
         }
         let mut messages = Vec::new();
         if let Some(s) = &args.system {

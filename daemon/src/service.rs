@@ -402,7 +402,10 @@ impl Colibri for Service {
         let h = self.daemon.resolve(&req.model).await?;
         blocking(move || {
             let text = h.model.text.as_ref().ok_or_else(|| {
-                Status::failed_precondition(format!("model {} has no tokenizer (tokenizer.json or tiktoken.model)", h.id))
+                Status::failed_precondition(format!(
+                    "model {} has no tokenizer (tokenizer.json or tiktoken.model)",
+                    h.id
+                ))
             })?;
             // Bounded by the context like a prompt: the cost of a huge text is refused.
             let room = h.model.info.max_context;
@@ -439,7 +442,10 @@ impl Colibri for Service {
                     e => Err(status_from_engine(&e)),
                 })?;
             let text = h.model.text.as_ref().ok_or_else(|| {
-                Status::failed_precondition(format!("model {} has no tokenizer (tokenizer.json or tiktoken.model)", h.id))
+                Status::failed_precondition(format!(
+                    "model {} has no tokenizer (tokenizer.json or tiktoken.model)",
+                    h.id
+                ))
             })?;
             let text = text
                 .decode(&req.ids, req.skip_special_tokens)

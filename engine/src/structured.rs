@@ -8,6 +8,7 @@
 
 use crate::error::{Error, Result};
 use crate::text::tools::{
+    DSML_CALLS_BEGIN, DSML_CALLS_END, DSML_INVOKE, DSML_INVOKE_END, DSML_PARAM, DSML_PARAM_END,
     DS_CALLS_BEGIN, DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END, DS_SEP, KIMI_ARGS, KIMI_CALLS_BEGIN,
     KIMI_CALLS_END, KIMI_CALL_BEGIN, KIMI_CALL_END,
 };
@@ -252,6 +253,63 @@ fn tool_grammar(
                     ));
                 }
                 g.push_str(&format!("args{i}: {}\n", args_json(t)));
+            }
+        }
+        ToolFormat::Dsml => {
+            // As DeepSeek-V3.2's encoder writes calls: one invoke per line in the section,
+            // each parameter on its own line, strings bare, other values JSON.
+            g.push_str(&format!(
+                "start: {} \"\\n\" {} \"\\n\" {}\n",
+                lit(text, DSML_CALLS_BEGIN),
+                many("call", r#""\n""#),
+                lit(text, DSML_CALLS_END)
+            ));
+            let names: Vec<String> = (0..tools.len()).map(|i| format!("call{i}")).collect();
+            g.push_str(&format!("call: {}\n", names.join(" | ")));
+            for (i, t) in tools.iter().enumerate() {
+                let props = t.parameters.get("properties").and_then(Value::as_object);
+                let required: Vec<&str> = t
+                    .parameters
+                    .get("required")
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                let mut parts = Vec::new();
+                for (j, (k, schema)) in props.into_iter().flatten().enumerate() {
+                    let (string, value) = if t.property_type(k) == Some("string") {
+                        let v = match schema.get("enum").and_then(Value::as_array) {
+                            Some(e) => {
+                                let alts: Vec<String> =
+                                    e.iter().filter_map(Value::as_str).map(q).collect();
+                                format!("({})", alts.join(" | "))
+                            }
+                            None => "/[^<]*/".to_string(),
+                        };
+                        ("true", v)
+                    } else {
+                        ("false", format!("%json {}", with_options(schema)))
+                    };
+                    g.push_str(&format!(
+                        "arg{i}_{j}: {} {} value{i}_{j} {} \"\\n\"\n",
+                        lit(text, DSML_PARAM),
+                        q(&format!(" name=\"{k}\" string=\"{string}\">")),
+                        lit(text, DSML_PARAM_END),
+                    ));
+                    g.push_str(&format!("value{i}_{j}: {value}\n"));
+                    let opt = if required.contains(&k.as_str()) {
+                        ""
+                    } else {
+                        "?"
+                    };
+                    parts.push(format!("arg{i}_{j}{opt}"));
+                }
+                g.push_str(&format!(
+                    "call{i}: {} {} \"\\n\" {} {}\n",
+                    lit(text, DSML_INVOKE),
+                    q(&format!(" name=\"{}\">", t.name)),
+                    parts.join(" "),
+                    lit(text, DSML_INVOKE_END)
+                ));
             }
         }
         ToolFormat::Kimi => {
@@ -583,6 +641,7 @@ mod tests {
             ToolFormat::Glm,
             ToolFormat::DeepSeekV3,
             ToolFormat::DeepSeekV31,
+            ToolFormat::Dsml,
             ToolFormat::Kimi,
         ] {
             for (seed, parallel) in [(1, false), (2, true), (3, true), (4, false)] {

@@ -13,6 +13,7 @@ pub const FAMILIES: &[&str] = &[
     "mixtral",
     "deepseek_v3",
     "deepseek_v3_noqlora",
+    "deepseek_v32",
     "glm4_moe",
     "glm_moe_dsa",
     "gpt_oss",

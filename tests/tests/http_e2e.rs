@@ -887,7 +887,10 @@ async fn kimi_k25_greedy_chat_and_image_refusal() {
                       "temperature": 0, "ignore_eos": true, "return_token_ids": true});
     let resp = blocking(move || post_json(addr, "/v1/completions", &body)).await;
     assert_eq!(resp.status, 200, "{}", resp.text());
-    assert_eq!(ids_of(&resp.json()["choices"][0]["token_ids"]), r.greedy_ids);
+    assert_eq!(
+        ids_of(&resp.json()["choices"][0]["token_ids"]),
+        r.greedy_ids
+    );
 
     let body = json!({"model": "kimi_k25", "max_tokens": 6, "temperature": 0,
                       "messages": [{"role": "user", "content": "你好 🙂 x=3.14"}]});
@@ -908,7 +911,10 @@ async fn kimi_k25_greedy_chat_and_image_refusal() {
     assert_eq!(resp.status, 400, "{}", resp.text());
     let e = resp.json();
     assert!(
-        e["error"]["message"].as_str().unwrap().contains("image_url"),
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("image_url"),
         "{e}"
     );
     let img = json!({"model": "kimi_k25", "max_tokens": 4, "messages": [{"role": "user", "content": [

@@ -112,11 +112,17 @@ fn chat_template_renders_what_jinja_renders() {
     let text = text();
     let cases = json(&dir.join("chat_cases.json"));
     let source = text.chat_template_source().unwrap().to_string();
-    let template = ChatTemplate::new(source, "chat_template.jinja".into(), BTreeMap::new()).unwrap();
+    let template =
+        ChatTemplate::new(source, "chat_template.jinja".into(), BTreeMap::new()).unwrap();
     let cases = cases["cases"].as_array().unwrap();
     assert_eq!(cases.len(), 6);
     for (i, c) in cases.iter().enumerate() {
-        let msgs: Vec<ChatMessage> = c["messages"].as_array().unwrap().iter().map(message).collect();
+        let msgs: Vec<ChatMessage> = c["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(message)
+            .collect();
         let tools: Vec<ToolSpec> = c
             .get("tools")
             .and_then(Value::as_array)
@@ -130,7 +136,11 @@ fn chat_template_renders_what_jinja_renders() {
         let want = c["rendered"].as_str().unwrap();
         let got = template.render_with(&msgs, add, &tools, &vars).unwrap();
         assert_eq!(got, want, "case {i}");
-        assert_eq!(text.encode(&got, false).unwrap(), ids(c, "ids"), "case {i} ids");
+        assert_eq!(
+            text.encode(&got, false).unwrap(),
+            ids(c, "ids"),
+            "case {i} ids"
+        );
     }
 }
 
@@ -157,23 +167,31 @@ fn load_err(dir: &Path) -> String {
 
 #[test]
 fn unknown_quant_method_is_refused_by_name() {
-    let d = copy_with(|c, _| c["text_config"]["quantization_config"]["quant_method"] = "awq".into());
+    let d =
+        copy_with(|c, _| c["text_config"]["quantization_config"]["quant_method"] = "awq".into());
     let e = load_err(d.path());
     assert!(e.contains("quant_method 'awq' is not supported"), "{e}");
     assert_eq!(e, load_err(d.path()), "the same message each time");
-    let d = copy_with(|c, _| c["text_config"]["quantization_config"]["format"] = "marlin-24".into());
+    let d =
+        copy_with(|c, _| c["text_config"]["quantization_config"]["format"] = "marlin-24".into());
     let e = load_err(d.path());
     assert!(e.contains("format 'marlin-24' is not supported"), "{e}");
     let d = copy_with(|c, _| {
-        c["text_config"]["quantization_config"]["config_groups"]["group_0"]["weights"]["symmetric"] =
-            false.into()
+        c["text_config"]["quantization_config"]["config_groups"]["group_0"]["weights"]
+            ["symmetric"] = false.into()
     });
     assert!(load_err(d.path()).contains("asymmetric int4"));
     let d = copy_with(|c, _| {
-        c["text_config"].as_object_mut().unwrap().remove("quantization_config");
+        c["text_config"]
+            .as_object_mut()
+            .unwrap()
+            .remove("quantization_config");
     });
     let e = load_err(d.path());
-    assert!(e.contains("declares no compressed-tensors quantization_config"), "{e}");
+    assert!(
+        e.contains("declares no compressed-tensors quantization_config"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -208,9 +226,14 @@ fn a_missing_scale_tensor_is_named() {
 fn a_damaged_tiktoken_file_is_named() {
     let d = copy_with(|_, dir| {
         let p = dir.join("tiktoken.model");
-        let t = std::fs::read_to_string(&p).unwrap().replacen(" 65\n", " 6x5\n", 1);
+        let t = std::fs::read_to_string(&p)
+            .unwrap()
+            .replacen(" 65\n", " 6x5\n", 1);
         std::fs::write(&p, t).unwrap();
     });
     let e = load_err(d.path());
-    assert!(e.contains("tiktoken.model") && e.contains("is not a number"), "{e}");
+    assert!(
+        e.contains("tiktoken.model") && e.contains("is not a number"),
+        "{e}"
+    );
 }

@@ -113,6 +113,7 @@ family_tests! {
     mixtral => "mixtral",
     deepseek_v3 => "deepseek_v3",
     deepseek_v3_noqlora => "deepseek_v3_noqlora",
+    deepseek_v32 => "deepseek_v32",
     glm4_moe => "glm4_moe",
     glm_moe_dsa => "glm_moe_dsa",
     gpt_oss => "gpt_oss",

@@ -285,7 +285,9 @@ impl EngineThread {
         if self.grammar.is_none() {
             let t = Instant::now();
             let r = match &self.model.text {
-                None => Err("the model has no tokenizer (tokenizer.json or tiktoken.model)".to_string()),
+                None => {
+                    Err("the model has no tokenizer (tokenizer.json or tiktoken.model)".to_string())
+                }
                 Some(text) => {
                     GrammarCompiler::new(text, self.model.info.vocab_size, &self.model.info.eos_ids)
                         .map(Arc::new)

@@ -150,9 +150,22 @@ impl Rope {
     /// Rotates the first `rotary_dim` dims of every `head_dim` chunk of `x` with angles from
     /// [`cos_sin`](Self::cos_sin); the rest of each chunk passes through.
     pub fn rotate(&self, x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
+        self.rotate_as(self.layout, x, head_dim, cos, sin);
+    }
+
+    /// [`rotate`](Self::rotate) with another pairing of the dims (same angles): DeepSeek-V3.2's
+    /// indexer splits its rope dims in halves where the MLA it sits in interleaves them.
+    pub fn rotate_as(
+        &self,
+        layout: RopeLayout,
+        x: &mut [f32],
+        head_dim: usize,
+        cos: &[f32],
+        sin: &[f32],
+    ) {
         let half = self.rotary_dim / 2;
         for h in x.chunks_mut(head_dim) {
-            match self.layout {
+            match layout {
                 RopeLayout::HalfSplit => {
                     for i in 0..half {
                         let (a, b) = (h[i], h[i + half]);

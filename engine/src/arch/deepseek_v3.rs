@@ -17,6 +17,7 @@ use super::mtp;
 use super::network::Network;
 use crate::container::Checkpoint;
 use crate::error::Result;
+use serde_json::Value;
 
 /// The DSA indexer settings of a GLM-5 style config.
 #[derive(Clone, Debug)]
@@ -24,6 +25,8 @@ pub struct DsaSpec {
     pub n_heads: usize,
     pub head_dim: usize,
     pub topk: usize,
+    /// How the indexer pairs its rope dims ([`DsaIndexer::rope_layout`]).
+    pub rope_layout: RopeLayout,
     /// Per decoder layer: runs its own indexer (`true`, "full") or reuses the previous
     /// layer's selection ("shared"). Layers past the list (MTP) run their own.
     pub full: Vec<bool>,
@@ -131,6 +134,7 @@ pub fn build_mla_family(
                     dsa.n_heads,
                     dsa.head_dim,
                     md.rope,
+                    dsa.rope_layout,
                     dsa.topk,
                 )?);
             } else {
@@ -154,4 +158,37 @@ pub fn build_mla_family(
         .collect::<Result<Vec<_>>>()?;
     let mtp = mtp::load(&ld, cfg, &d, &layer)?;
     Network::decoder(fam.name, &d, &ld, layers, mtp)
+}
+
+/// Per decoder layer, MoE (`true`) or dense, from `mlp_layer_types` ("sparse" / "dense", as
+/// DeepSeek-V3.2's and GLM-5's configs may list them); empty when the config leaves it to
+/// `first_k_dense_replace`.
+pub fn mlp_layer_types(cfg: &Cfg, n_layers: usize) -> Result<Vec<bool>> {
+    let sparse = match cfg.get("mlp_layer_types") {
+        None => Vec::new(),
+        Some(v) => strings(cfg, "mlp_layer_types", v)?
+            .iter()
+            .map(|t| match t.as_str() {
+                "sparse" => Ok(true),
+                "dense" => Ok(false),
+                other => Err(cfg.err(format!(
+                    "mlp_layer_types: unknown type '{other}' (dense, sparse)"
+                ))),
+            })
+            .collect::<Result<Vec<_>>>()?,
+    };
+    if !sparse.is_empty() && sparse.len() != n_layers {
+        return Err(cfg.err(format!(
+            "mlp_layer_types has {} entries for {n_layers} layers",
+            sparse.len()
+        )));
+    }
+    Ok(sparse)
+}
+
+/// A config value that must be a list of strings.
+pub fn strings(cfg: &Cfg, key: &str, v: &Value) -> Result<Vec<String>> {
+    v.as_array()
+        .and_then(|a| a.iter().map(|x| x.as_str().map(str::to_string)).collect())
+        .ok_or_else(|| cfg.err(format!("'{key}' must be a list of strings")))
 }

@@ -1,9 +1,10 @@
-//! DeepSeek Sparse Attention's lightning indexer (GLM-5 `glm_moe_dsa`): a cheap multi-head
+//! DeepSeek Sparse Attention's lightning indexer (DeepSeek-V3.2 `deepseek_v32`, GLM-5
+//! `glm_moe_dsa`): a cheap multi-head
 //! scorer that picks, for every query, the `index_topk` earlier positions the main (MLA)
 //! attention may look at. Its single-head keys live in the KV cache's per-layer side data
 //! (`LayerKv::extra`), one `index_head_dim` row per position.
 
-use super::blocks::{LayerNorm, Loader, Rope};
+use super::blocks::{LayerNorm, Loader, Rope, RopeLayout};
 use super::step::BatchRows;
 use crate::error::Result;
 use crate::kv::KvCache;
@@ -27,6 +28,9 @@ pub struct DsaIndexer {
     pub head_dim: usize,
     /// Leading dims of each head that are rotated (MLA's `qk_rope_head_dim`).
     pub rope_dim: usize,
+    /// How those dims pair up: GLM-5 interleaves them like its MLA, DeepSeek-V3.2 splits
+    /// them in halves (its MLA interleaves).
+    pub rope_layout: RopeLayout,
     pub topk: usize,
 }
 
@@ -41,6 +45,7 @@ impl DsaIndexer {
         n_heads: usize,
         head_dim: usize,
         rope_dim: usize,
+        rope_layout: RopeLayout,
         topk: usize,
     ) -> Result<DsaIndexer> {
         Ok(DsaIndexer {
@@ -56,6 +61,7 @@ impl DsaIndexer {
             n_heads,
             head_dim,
             rope_dim,
+            rope_layout,
             topk,
         })
     }
@@ -70,8 +76,9 @@ impl DsaIndexer {
     /// Computes this step's indexer keys (appending them to each sequence's cache side data
     /// at `layer`) and the positions every row attends to. `h` are the input-normed hidden
     /// rows, `q_resid` MLA's `q_a_layernorm(q_a_proj(h))`, `angles` each row's RoPE cos/sin.
-    /// Follows transformers' `GlmMoeDsaIndexer`: rope part first in each head, interleaved
-    /// RoPE, `score[t] = Σ_h w_h·relu(q_h·k_t / √d)` with `w = weights_proj(h) / √heads`.
+    /// Follows transformers' `GlmMoeDsaIndexer` / `DeepseekV32Indexer`: rope part first in
+    /// each head, rotated in [`rope_layout`](Self::rope_layout),
+    /// `score[t] = Σ_h w_h·relu(q_h·k_t / √d)` with `w = weights_proj(h) / √heads`.
     #[allow(clippy::too_many_arguments)]
     pub fn select(
         &self,
@@ -100,10 +107,11 @@ impl DsaIndexer {
         }
         for i in 0..n {
             let (cos, sin) = &angles[i];
-            rope.rotate(&mut k[i * d..i * d + rd], rd, cos, sin);
+            let layout = self.rope_layout;
+            rope.rotate_as(layout, &mut k[i * d..i * d + rd], rd, cos, sin);
             for head in 0..nh {
                 let o = (i * nh + head) * d;
-                rope.rotate(&mut q[o..o + rd], rd, cos, sin);
+                rope.rotate_as(layout, &mut q[o..o + rd], rd, cos, sin);
             }
         }
         for (s, cache) in caches.iter_mut().enumerate() {

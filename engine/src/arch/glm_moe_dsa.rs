@@ -5,7 +5,7 @@
 
 use super::blocks::RopeLayout;
 use super::config::Cfg;
-use super::deepseek_v3::{build_mla_family, DsaSpec, MlaFamily};
+use super::deepseek_v3::{build_mla_family, mlp_layer_types, strings, DsaSpec, MlaFamily};
 use super::load::LoadHook;
 use super::network::Network;
 use crate::container::Checkpoint;
@@ -15,29 +15,13 @@ use serde_json::Value;
 pub fn build(ckpt: &Checkpoint, cfg: &Cfg, progress: &LoadHook) -> Result<Network> {
     let n_layers = cfg.dim("num_hidden_layers")?;
     let first_k_dense_replace = cfg.usize_or("first_k_dense_replace", 3)?;
-    let sparse = match cfg.get("mlp_layer_types") {
-        None => Vec::new(),
-        Some(v) => strings(cfg, "mlp_layer_types", v)?
-            .iter()
-            .map(|t| match t.as_str() {
-                "sparse" => Ok(true),
-                "dense" => Ok(false),
-                other => Err(cfg.err(format!(
-                    "mlp_layer_types: unknown type '{other}' (dense, sparse)"
-                ))),
-            })
-            .collect::<Result<Vec<_>>>()?,
-    };
-    if !sparse.is_empty() && sparse.len() != n_layers {
-        return Err(cfg.err(format!(
-            "mlp_layer_types has {} entries for {n_layers} layers",
-            sparse.len()
-        )));
-    }
+    let sparse = mlp_layer_types(cfg, n_layers)?;
     let dsa = DsaSpec {
         n_heads: cfg.usize_or("index_n_heads", 32)?,
         head_dim: cfg.usize_or("index_head_dim", 128)?,
         topk: cfg.usize_or("index_topk", 2048)?,
+        // transformers' GlmMoeDsa always rotates interleaved pairs, in MLA and indexer.
+        rope_layout: RopeLayout::Interleaved,
         full: indexer_types(cfg, n_layers)?,
     };
     if dsa.n_heads == 0 {
@@ -56,12 +40,6 @@ pub fn build(ckpt: &Checkpoint, cfg: &Cfg, progress: &LoadHook) -> Result<Networ
             first_k_dense_replace,
         },
     )
-}
-
-fn strings(cfg: &Cfg, key: &str, v: &Value) -> Result<Vec<String>> {
-    v.as_array()
-        .and_then(|a| a.iter().map(|x| x.as_str().map(str::to_string)).collect())
-        .ok_or_else(|| cfg.err(format!("'{key}' must be a list of strings")))
 }
 
 /// Which layers run their own indexer, as `GlmMoeDsaConfig.__post_init__` decides:

@@ -10,6 +10,7 @@ pub mod blocks;
 pub mod census;
 pub mod config;
 pub mod deepseek_v3;
+pub mod deepseek_v32;
 pub mod dsa;
 pub mod exec;
 pub mod glm4_moe;
@@ -49,6 +50,7 @@ const FAMILIES: &[(&str, Builder)] = &[
     ("qwen3_moe", qwen3_moe::build),
     ("mixtral", mixtral::build),
     ("deepseek_v3", deepseek_v3::build),
+    ("deepseek_v32", deepseek_v32::build),
     ("glm4_moe", glm4_moe::build),
     ("glm_moe_dsa", glm_moe_dsa::build),
     ("gpt_oss", gpt_oss::build),

@@ -172,7 +172,11 @@ pub(super) fn attach(
     Ok(stems.len())
 }
 
-fn attach_one(stem: &str, scheme: CtScheme, tensors: &HashMap<String, TensorRef>) -> Result<TensorRef> {
+fn attach_one(
+    stem: &str,
+    scheme: CtScheme,
+    tensors: &HashMap<String, TensorRef>,
+) -> Result<TensorRef> {
     let packed = &tensors[&format!("{stem}{PACKED}")];
     let name = format!("{stem}.weight");
     if tensors.contains_key(&name) {
@@ -276,6 +280,9 @@ fn shape_values(t: &TensorRef) -> Result<Vec<i64>> {
             .chunks_exact(4)
             .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")) as i64)
             .collect()),
-        other => Err(t.bad(format!("weight_shape of dtype {} (I32 or I64)", other.name()))),
+        other => Err(t.bad(format!(
+            "weight_shape of dtype {} (I32 or I64)",
+            other.name()
+        ))),
     }
 }

@@ -223,10 +223,11 @@ pub fn plan(ckpt: &Checkpoint, opts: &ConvertOptions) -> Result<Vec<PlannedPart>
         }
         // compressed-tensors int4 (read as `X.weight` in place): its parts are not tensors of
         // their own, and the weight converts from its values.
-        let ct = t
-            .quant
-            .as_ref()
-            .and_then(|q| q.format.filter(|f| crate::format::ct_int4::is(*f)).map(|_| q.shape.clone()));
+        let ct = t.quant.as_ref().and_then(|q| {
+            q.format
+                .filter(|f| crate::format::ct_int4::is(*f))
+                .map(|_| q.shape.clone())
+        });
         if ct.is_none() && is_compressed_part(name, ckpt) {
             continue;
         }

@@ -209,7 +209,9 @@ unsafe fn scale(st: ScaleType, s: *const u8, g: usize) -> f32 {
             _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
         }
         ScaleType::E8M0 => crate::format::mxfp4::scale(*s.add(g)),
-        ScaleType::BF16 => f32::from_bits((std::ptr::read_unaligned(s.add(2 * g) as *const u16) as u32) << 16),
+        ScaleType::BF16 => {
+            f32::from_bits((std::ptr::read_unaligned(s.add(2 * g) as *const u16) as u32) << 16)
+        }
     }
 }
 

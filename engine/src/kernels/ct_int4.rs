@@ -12,7 +12,10 @@ use crate::format::{ScaleType, WeightFormat, QBLOCK};
 /// `dot(row, act)` on the fastest path (f32 activations; the reference's bits).
 #[inline]
 pub fn dot_act(format: WeightFormat, w: &[u8], scales: &[u8], act: &Act) -> f32 {
-    debug_assert!(act.q8.is_none(), "compressed-tensors int4 takes f32 activations");
+    debug_assert!(
+        act.q8.is_none(),
+        "compressed-tensors int4 takes f32 activations"
+    );
     #[cfg(target_arch = "x86_64")]
     if super::level().has_avx2() && simd_groups(format, act.x.len()) {
         // SAFETY: the AVX2 levels are only chosen when avx2, fma and f16c are detected.
@@ -83,7 +86,12 @@ mod x86 {
             let c = _mm256_sub_epi32(_mm256_cvtepu8_epi32(v), eight);
             round(_mm256_mul_ps(_mm256_cvtepi32_ps(c), sv), st)
         };
-        [f(e0), f(_mm_srli_si128(e0, 8)), f(e1), f(_mm_srli_si128(e1, 8))]
+        [
+            f(e0),
+            f(_mm_srli_si128(e0, 8)),
+            f(e1),
+            f(_mm_srli_si128(e1, 8)),
+        ]
     }
 
     /// An exact f32 product rounded to the scale's dtype, to nearest, ties to even (bf16 by
@@ -95,7 +103,10 @@ mod x86 {
                 let u = _mm256_castps_si256(p);
                 let lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
                 let r = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb);
-                _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(0xFFFF_0000u32 as i32)))
+                _mm256_castsi256_ps(_mm256_and_si256(
+                    r,
+                    _mm256_set1_epi32(0xFFFF_0000u32 as i32),
+                ))
             }
             ScaleType::F16 => _mm256_cvtph_ps(_mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT)),
             ScaleType::F32 | ScaleType::E8M0 => p,
@@ -212,7 +223,9 @@ mod tests {
                         _ => scales.extend(s.to_le_bytes()),
                     }
                 }
-                let x: Vec<f32> = (0..cols).map(|_| (next() % 2001) as f32 / 1000.0 - 1.0).collect();
+                let x: Vec<f32> = (0..cols)
+                    .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+                    .collect();
                 let want = scalar::dot(format, &w, &scales, &x);
                 let act = prepare(format, &x, false);
                 assert_eq!(dot_act(format, &w, &scales, &act).to_bits(), want.to_bits());

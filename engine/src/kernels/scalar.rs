@@ -138,7 +138,8 @@ pub fn dot(format: WeightFormat, w: &[u8], scales: &[u8], x: &[f32]) -> f32 {
         WeightFormat::I4Ct { .. } => {
             let mut acc = [0f32; CT_LANES];
             for (j, xv) in x.iter().enumerate() {
-                acc[j % CT_LANES] = ct_elem(format, w, scales, j, cols).mul_add(*xv, acc[j % CT_LANES]);
+                acc[j % CT_LANES] =
+                    ct_elem(format, w, scales, j, cols).mul_add(*xv, acc[j % CT_LANES]);
             }
             acc.iter().sum()
         }

@@ -241,7 +241,11 @@ pub fn quantize_row(format: WeightFormat, row: &[f32], data: &mut Vec<u8>, scale
             let mut codes = vec![0u8; cols];
             for (gi, chunk) in row.chunks(g.max(1)).enumerate() {
                 let amax = chunk.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let s = if amax.is_finite() { stored_scale(scale, amax / 7.5) } else { 0.0 };
+                let s = if amax.is_finite() {
+                    stored_scale(scale, amax / 7.5)
+                } else {
+                    0.0
+                };
                 let inv = if s > 0.0 { 1.0 / s } else { 0.0 };
                 for (k, v) in chunk.iter().enumerate() {
                     codes[gi * g + k] = ((v * inv).round().clamp(-8.0, 7.0) as i32 + 8) as u8;

@@ -135,7 +135,7 @@ impl Text {
         let eos_ids = union("eos_token_id", "eos_token");
         let bos_ids = union("bos_token_id", "bos_token");
 
-        let template = match find_template(dir, &tok_cfg)? {
+        let template = match find_template(dir, &tok_cfg)?.or_builtin(config) {
             TemplateSource::None => TemplateState::Missing,
             TemplateSource::Unusable(msg) => TemplateState::Broken(msg),
             TemplateSource::Found { source, origin } => {
@@ -445,6 +445,35 @@ enum TemplateSource {
     None,
     Found { source: String, origin: String },
     Unusable(String),
+}
+
+/// Chat formats whose Hub repositories ship a Python encoder instead of a Jinja template,
+/// written as templates here (each checked against the encoder's published test vectors):
+/// used when the folder has no template of its own, by `model_type`.
+const BUILTIN_TEMPLATES: &[(&str, &str, &str)] = &[(
+    "deepseek_v32",
+    "built-in DeepSeek-V3.2 chat format (encoding_dsv32.py as a template)",
+    include_str!("builtin/deepseek_v32.jinja"),
+)];
+
+impl TemplateSource {
+    /// A folder without a template of its own gets its family's built-in one, if any.
+    fn or_builtin(self, config: &Value) -> TemplateSource {
+        let TemplateSource::None = self else {
+            return self;
+        };
+        let model_type = config.get("model_type").and_then(Value::as_str);
+        match BUILTIN_TEMPLATES
+            .iter()
+            .find(|(t, _, _)| Some(*t) == model_type)
+        {
+            Some((_, origin, source)) => TemplateSource::Found {
+                source: source.to_string(),
+                origin: origin.to_string(),
+            },
+            None => TemplateSource::None,
+        }
+    }
 }
 
 /// Finds the chat template with transformers' precedence: a separate chat_template.jinja

@@ -75,7 +75,8 @@ pub fn byte_chars() -> [char; 256] {
     let mut out = ['\0'; 256];
     let mut n = 0u32;
     for b in 0..256u32 {
-        let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        let printable =
+            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
         out[b as usize] = if printable {
             char::from_u32(b).expect("a latin-1 char")
         } else {
@@ -110,10 +111,16 @@ pub fn read_ranks(path: &Path) -> Result<Vec<Vec<u8>>> {
             .parse()
             .map_err(|_| bad(i + 1, format!("rank '{rank}' is not a number")))?;
         if bytes.is_empty() || rank > 1 << 24 {
-            return Err(bad(i + 1, format!("empty token or rank {rank} out of range")));
+            return Err(bad(
+                i + 1,
+                format!("empty token or rank {rank} out of range"),
+            ));
         }
         if let Some(prev) = seen.insert(bytes.clone(), rank) {
-            return Err(bad(i + 1, format!("token repeats (ranks {prev} and {rank})")));
+            return Err(bad(
+                i + 1,
+                format!("token repeats (ranks {prev} and {rank})"),
+            ));
         }
         if tokens.len() <= rank {
             tokens.resize(rank + 1, None);
@@ -130,7 +137,10 @@ pub fn read_ranks(path: &Path) -> Result<Vec<Vec<u8>>> {
         .collect::<Result<_>>()?;
     for b in 0..=255u8 {
         if !seen.contains_key(&vec![b]) {
-            return Err(bad(0, format!("byte {b:#04x} has no token (every byte needs one)")));
+            return Err(bad(
+                0,
+                format!("byte {b:#04x} has no token (every byte needs one)"),
+            ));
         }
     }
     Ok(tokens)
@@ -231,7 +241,11 @@ pub fn load(dir: &Path, tok_cfg: &Value) -> Result<Tokenizer> {
 /// its text): what `token_bytes_from_tokenizer_json` gives for a tokenizer.json.
 pub fn token_bytes(tok: &Tokenizer) -> Vec<Vec<u8>> {
     let chars = byte_chars();
-    let byte_of: HashMap<char, u8> = chars.iter().enumerate().map(|(b, c)| (*c, b as u8)).collect();
+    let byte_of: HashMap<char, u8> = chars
+        .iter()
+        .enumerate()
+        .map(|(b, c)| (*c, b as u8))
+        .collect();
     let n = tok.get_vocab_size(true);
     let added = tok.get_added_tokens_decoder();
     (0..n as u32)

@@ -117,10 +117,21 @@ pub enum ToolFormat {
     /// DeepSeek-V3.1: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}
     /// <｜tool▁call▁end｜><｜tool▁calls▁end｜>`.
     DeepSeekV31,
+    /// DeepSeek-V3.2's DSML: `<｜DSML｜function_calls>\n<｜DSML｜invoke name="NAME">\n
+    /// <｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>\n…
+    /// </｜DSML｜invoke>\n</｜DSML｜function_calls>`, string values bare, others JSON.
+    Dsml,
     /// Kimi-K2 / K2.5: `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX
     /// <|tool_call_argument_begin|>{...}<|tool_call_end|><|tool_calls_section_end|>`.
     Kimi,
 }
+
+pub const DSML_CALLS_BEGIN: &str = "<｜DSML｜function_calls>";
+pub const DSML_CALLS_END: &str = "</｜DSML｜function_calls>";
+pub const DSML_INVOKE: &str = "<｜DSML｜invoke";
+pub const DSML_INVOKE_END: &str = "</｜DSML｜invoke>";
+pub const DSML_PARAM: &str = "<｜DSML｜parameter";
+pub const DSML_PARAM_END: &str = "</｜DSML｜parameter>";
 
 pub const KIMI_CALLS_BEGIN: &str = "<|tool_calls_section_begin|>";
 pub const KIMI_CALLS_END: &str = "<|tool_calls_section_end|>";
@@ -138,7 +149,9 @@ impl ToolFormat {
     /// The format a chat template writes assistant tool calls in; None when it has no tool
     /// call syntax (the model cannot be given tools).
     pub fn detect(template: &str) -> Option<ToolFormat> {
-        if template.contains(KIMI_CALL_BEGIN) && template.contains(KIMI_ARGS) {
+        if template.contains("｜DSML｜invoke") {
+            Some(ToolFormat::Dsml)
+        } else if template.contains(KIMI_CALL_BEGIN) && template.contains(KIMI_ARGS) {
             Some(ToolFormat::Kimi)
         } else if template.contains("<arg_key>") && template.contains("<tool_call>") {
             Some(ToolFormat::Glm)
@@ -163,6 +176,7 @@ impl ToolFormat {
             ToolFormat::Glm => "glm",
             ToolFormat::DeepSeekV3 => "deepseek_v3",
             ToolFormat::DeepSeekV31 => "deepseek_v31",
+            ToolFormat::Dsml => "dsml",
             ToolFormat::Kimi => "kimi",
         }
     }
@@ -187,6 +201,14 @@ impl ToolFormat {
                 DS_CALL_END,
                 DS_SEP,
             ],
+            ToolFormat::Dsml => &[
+                DSML_CALLS_BEGIN,
+                DSML_CALLS_END,
+                DSML_INVOKE,
+                DSML_INVOKE_END,
+                DSML_PARAM,
+                DSML_PARAM_END,
+            ],
             ToolFormat::Kimi => &[
                 KIMI_CALLS_BEGIN,
                 KIMI_CALLS_END,
@@ -202,6 +224,7 @@ impl ToolFormat {
 /// DeepSeek's concatenates a string, Qwen's takes either (a string keeps the exact text).
 pub(crate) fn arguments_as_mapping(template: &str) -> bool {
     template.contains("<arg_key>")
+        || template.contains("｜DSML｜invoke")
         || template.contains("arguments is mapping")
         || template.contains("arguments.items()")
 }

@@ -18,6 +18,7 @@
 mod call;
 mod deepseek;
 mod delta;
+mod dsml;
 mod glm;
 mod json_value;
 mod kimi;

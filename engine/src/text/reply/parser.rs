@@ -3,7 +3,7 @@
 
 use super::call::{Call, CallBody, CallMarkup};
 use super::delta::{ReplyDelta, ReplySummary};
-use super::{deepseek, glm, kimi, qwen};
+use super::{deepseek, dsml, glm, kimi, qwen};
 use crate::text::tools::{ToolCall, ToolFormat, ToolSpec};
 
 pub const THINK_OPEN: &str = "<think>";
@@ -64,6 +64,7 @@ fn markup(format: ToolFormat) -> CallMarkup {
         ToolFormat::Qwen3 => qwen::MARKUP,
         ToolFormat::Glm => glm::MARKUP,
         ToolFormat::DeepSeekV3 | ToolFormat::DeepSeekV31 => deepseek::MARKUP,
+        ToolFormat::Dsml => dsml::MARKUP,
         ToolFormat::Kimi => kimi::MARKUP,
     }
 }
@@ -75,6 +76,7 @@ fn body(format: ToolFormat) -> Box<dyn CallBody> {
         ToolFormat::Glm => Box::new(glm::Body::default()),
         ToolFormat::DeepSeekV3 => Box::new(deepseek::Body::new(false)),
         ToolFormat::DeepSeekV31 => Box::new(deepseek::Body::new(true)),
+        ToolFormat::Dsml => Box::new(dsml::Body::default()),
         ToolFormat::Kimi => Box::new(kimi::Body::default()),
     }
 }

@@ -458,7 +458,10 @@ fn kimi_reasoning_content_and_calls_parse_back_in_every_chunk_size() {
     };
     let (prompt, text) = assistant_text(&t, &tools(), reply);
     assert!(prompt.ends_with("<think>"), "{prompt}");
-    assert!(text.contains(crate::text::tools::KIMI_CALLS_BEGIN), "{text}");
+    assert!(
+        text.contains(crate::text::tools::KIMI_CALLS_BEGIN),
+        "{text}"
+    );
     let cfg = ReplyConfig {
         think_tags: Default::default(),
         think: Some(crate::text::prompt_opens_think(&prompt)),
@@ -467,7 +470,10 @@ fn kimi_reasoning_content_and_calls_parse_back_in_every_chunk_size() {
     };
     for chunk in 1..=text.chars().count() {
         let (all, summary, seen) = parse(&cfg, &text, chunk);
-        assert_eq!(all.reasoning, "The user wants <weather>; search too.", "chunk {chunk}");
+        assert_eq!(
+            all.reasoning, "The user wants <weather>; search too.",
+            "chunk {chunk}"
+        );
         assert_eq!(all.content, "Checking both.", "chunk {chunk}");
         assert!(!summary.incomplete_call);
         assert_eq!(summary.tool_calls.len(), 2, "chunk {chunk}: {text:?}");
